@@ -1,0 +1,233 @@
+"""``kt-jit`` command line: version, doctor, dump, bench, convert."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+USAGE = """usage: kt-jit <command> [args]
+
+commands:
+  version   version, selected ISA and a CPU feature summary
+  doctor    CPU model, selected ISA, why higher levels were refused, and a kernel self-test
+  dump      generate and show the JIT kernels of one MoE layer (same as kt-jit-dump)
+  bench     MoE forward benchmark
+  convert   convert a checkpoint into kt-jit's weight artifact (not built yet)
+"""
+
+#: ISA levels, highest first, and the CPU features each one needs (x86-64).
+LEVELS = ("amx", "avx512_bf16", "avx512_vnni", "avx512", "avx2")
+LEVEL_FEATURES = {
+    "avx2": ("avx2", "fma", "f16c"),
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+    "avx512_vnni": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"),
+    "avx512_bf16": (
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512dq",
+        "avx512_vnni",
+        "avx512_bf16",
+    ),
+    "amx": ("avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"),
+}
+
+
+def _norm(s: str) -> str:
+    return "".join(c for c in str(s).lower() if c.isalnum())
+
+
+def _lookup(features: dict, name: str):
+    """Value of feature ``name`` in the probe dict, tolerant of spelling (avx512_vnni/avx512vnni)."""
+    want = _norm(name)
+    for key, val in features.items():
+        k = _norm(key)
+        if k in (want, "has" + want, "cpuid" + want):
+            return val
+    return None
+
+
+def _cpu_model(features: dict) -> str:
+    for key in ("brand", "cpu_brand", "model_name", "model", "cpu_model"):
+        if features.get(key):
+            return str(features[key]).strip()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _bool_summary(features: dict) -> str:
+    on = sorted(str(k) for k, v in features.items() if isinstance(v, bool) and v)
+    return " ".join(on)
+
+
+def cmd_version(argv: List[str]) -> int:
+    import kt_jit
+
+    feats = kt_jit.cpu_features()
+    print(f"kt-jit {kt_jit.__version__}")
+    print(f"isa: {kt_jit.__isa__}")
+    detected = feats.get("detected_isa")
+    if detected is not None and detected != kt_jit.__isa__:
+        print(f"detected isa: {detected} (capped by KT_JIT_ISA)")
+    print(f"cpu: {_cpu_model(feats)}")
+    print(f"features: {_bool_summary(feats)}")
+    return 0
+
+
+def _refusal_reason(level: str, features: dict, runnable: List[str]) -> str:
+    if level in runnable:
+        return "usable, but capped (KT_JIT_ISA) or not preferred"
+    missing, unknown = [], []
+    for feat in LEVEL_FEATURES.get(level, ()):
+        val = _lookup(features, feat)
+        if val is None:
+            unknown.append(feat)
+        elif not val:
+            missing.append(feat)
+    parts = []
+    if missing:
+        parts.append("CPU lacks " + ", ".join(missing))
+    # OS / permission related probe entries that are false (XCR0 state, AMX permission)
+    os_keys = [
+        str(k)
+        for k, v in features.items()
+        if isinstance(v, bool)
+        and not v
+        and any(t in _norm(k) for t in ("os", "xcr0", "xsave", "perm", "prctl"))
+        and (level == "amx" or "amx" not in _norm(k))
+        and (level.startswith("avx512") or level == "amx" or "512" not in _norm(k))
+    ]
+    if os_keys and not missing:
+        parts.append("not enabled: " + ", ".join(os_keys))
+    for key in ("refused", "reasons", "refusals", "why"):
+        val = features.get(key)
+        if isinstance(val, dict) and level in val:
+            parts.append(str(val[level]))
+    if not parts:
+        parts.append("not runnable on this machine")
+    if unknown:
+        parts.append("(probe does not report " + ", ".join(unknown) + ")")
+    return "; ".join(parts)
+
+
+def _self_test(isa: str) -> str:
+    """One tiny MoELayer forward on ``isa`` against the C++ reference path; '' when identical."""
+    import torch
+
+    from . import _core
+
+    E, K, H, I, T = 8, 2, 128, 64, 5
+    g = torch.Generator().manual_seed(1234)
+    gate = torch.randn(E, I, H, generator=g) * 0.05
+    up = torch.randn(E, I, H, generator=g) * 0.05
+    down = torch.randn(E, H, I, generator=g) * 0.05
+    x = torch.randn(T, H, generator=g)
+    ids = torch.randint(0, E, (T, K), generator=g, dtype=torch.int64)
+    w = torch.rand(T, K, generator=g)
+    layer = _core.MoELayer(E, K, H, I, "AMXINT8", isa)
+    layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), "f32", 0)
+    out = torch.empty(T, H)
+    ref = torch.empty(T, H)
+    layer.forward(T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr())
+    layer.forward_reference(T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, ref.data_ptr())
+    if torch.equal(out, ref):
+        return ""
+    diff = (out - ref).abs().max().item()
+    return f"max |jit - reference| = {diff:.3g}"
+
+
+def cmd_doctor(argv: List[str]) -> int:
+    import os
+
+    import kt_jit
+    from . import _core
+
+    feats = kt_jit.cpu_features()
+    runnable = list(_core.runnable_isas())
+    selected = kt_jit.__isa__
+    print(f"kt-jit {kt_jit.__version__}")
+    print(f"cpu: {_cpu_model(feats)}")
+    print(f"selected isa: {selected}")
+    if os.environ.get("KT_JIT_ISA"):
+        print(f"KT_JIT_ISA={os.environ['KT_JIT_ISA']}")
+    if feats.get("detected_isa") is not None:
+        print(f"detected isa: {feats['detected_isa']}")
+    print(f"runnable isas: {', '.join(runnable)}")
+    higher = LEVELS[: LEVELS.index(selected)] if selected in LEVELS else LEVELS
+    if higher:
+        print("higher levels:")
+        for level in higher:
+            print(f"  {level:<12} refused: {_refusal_reason(level, feats, runnable)}")
+    print("probe:")
+    for key in sorted(feats, key=str):
+        print(f"  {key}: {feats[key]}")
+    print("self-test (tiny MoE layer, JIT vs C++ reference, bitwise):")
+    failures = 0
+    for isa in runnable:
+        try:
+            problem = _self_test(isa)
+        except Exception as e:  # report, never crash the doctor
+            problem = f"{type(e).__name__}: {e}"
+        status = "pass" if not problem else f"FAIL ({problem})"
+        failures += bool(problem)
+        print(f"  {isa:<12} {status}")
+    return 1 if failures else 0
+
+
+def cmd_dump(argv: List[str]) -> int:
+    from . import dump
+
+    return dump.main(argv)
+
+
+def cmd_bench(argv: List[str]) -> int:
+    try:
+        from . import bench
+    except ImportError as e:
+        print(f"kt-jit bench: the benchmark driver is not available in this build ({e})")
+        return 2
+    return bench.main(argv)
+
+
+def cmd_convert(argv: List[str]) -> int:
+    print(
+        "kt-jit convert: not built yet (the converter arrives with the weight formats work); "
+        "load weights with KTMoEWrapper.load_weights_from_tensors for now",
+        file=sys.stderr,
+    )
+    return 2
+
+
+COMMANDS = {
+    "version": cmd_version,
+    "doctor": cmd_doctor,
+    "dump": cmd_dump,
+    "bench": cmd_bench,
+    "convert": cmd_convert,
+}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0 if argv else 2
+    if argv[0] in ("--version", "-V"):
+        argv[0] = "version"
+    cmd = COMMANDS.get(argv[0])
+    if cmd is None:
+        print(f"kt-jit: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr, end="")
+        return 2
+    return int(cmd(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

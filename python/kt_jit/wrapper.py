@@ -1,0 +1,498 @@
+"""kt-kernel compatible ``KTMoEWrapper`` on top of the native ``kt_jit._core.MoELayer``."""
+
+from __future__ import annotations
+
+import logging
+import operator
+import threading
+from typing import List, Optional, Sequence
+
+import torch
+
+from . import _core
+
+logger = logging.getLogger("kt_jit")
+
+#: kt-kernel's inference methods (KTMoEWrapper factory, mode="inference").
+INFERENCE_METHODS = (
+    "AMXINT4",
+    "AMXINT8",
+    "RAWINT4",
+    "FP8",
+    "FP8_PERCHANNEL",
+    "BF16",
+    "GPTQ_INT4",
+    "MXFP4",
+    "MXFP8",
+    "LLAMAFILE",
+    "MOE_INT4",
+    "MOE_INT8",
+)
+#: Methods this build of kt-jit implements.
+BUILT_METHODS = ("AMXINT8", "MOE_INT8")
+#: Methods that take swiglu_limit / swiglu_alpha.
+SWIGLU_LIMIT_METHODS = ("MXFP4", "MXFP8")
+#: kt-kernel's modes.
+MODES = ("inference", "sft")
+
+_WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+_SERVING_ISSUE = (
+    "CUDA tensors and CUDA streams are not supported yet: they arrive with the serving "
+    "(CUDA-stream bridge) issue; pass CPU tensors and cuda_stream=None/0"
+)
+
+_pool_lock = threading.Lock()
+_pool_state: Optional[dict] = None
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(int(s)) for s in t.shape) + "]"
+
+
+def _ensure_pool(threads: int, pools: int, numa_nodes: List[int], method: str) -> dict:
+    """Create the process-wide worker pool once (first wrapper wins) and log the start-up line."""
+    global _pool_state
+    with _pool_lock:
+        if _pool_state is None:
+            in_effect = _core.init_pool(int(threads), int(pools))
+            try:
+                eff_threads, eff_pools = (int(v) for v in in_effect)
+            except (TypeError, ValueError):
+                eff_threads, eff_pools = int(threads), int(pools)
+            _pool_state = {"threads": eff_threads, "pools": eff_pools, "numa_nodes": numa_nodes}
+            logger.info(
+                "kt-jit %s: isa=%s threads=%d pools=%d numa_nodes=%s method=%s",
+                _core.__version__,
+                _core.isa(),
+                eff_threads,
+                eff_pools,
+                numa_nodes,
+                method,
+            )
+        elif (threads, pools) != (_pool_state["threads"], _pool_state["pools"]):
+            logger.debug(
+                "worker pool already running with threads=%d pools=%d; "
+                "cpuinfer_threads=%d threadpool_count=%d ignored",
+                _pool_state["threads"],
+                _pool_state["pools"],
+                threads,
+                pools,
+            )
+        return _pool_state
+
+
+def _check_positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got bool ({value!r})")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected an int, got {type(value).__name__} ({value!r})"
+        ) from None
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return int(value)
+
+
+class KTMoEWrapper:
+    """Drop-in replacement for kt-kernel's ``KTMoEWrapper`` (inference mode).
+
+    Same constructor parameters, names, order and defaults as kt-kernel's factory. Methods built in
+    this version: AMXINT8 and MOE_INT8 (same numerics: per-row symmetric int8 weights, per-token
+    int8 activations).
+    """
+
+    _capture_batch_sizes: List[int] = []
+
+    def __init__(
+        self,
+        layer_idx: int,
+        num_experts: int,
+        num_experts_per_tok: int,
+        hidden_size: int,
+        moe_intermediate_size: int,
+        gpu_experts_mask: Optional[torch.Tensor],
+        cpuinfer_threads: int,
+        threadpool_count: int,
+        weight_path: str,
+        chunked_prefill_size: int,
+        cpu_save: bool = False,
+        max_deferred_experts_per_token: Optional[int] = None,
+        method: str = "AMXINT4",
+        numa_nodes: Optional[List[int]] = None,
+        mode: str = "inference",
+        num_gpu_experts: int = 0,
+        lora_rank: int = 16,
+        lora_alpha: float = 32.0,
+        lora_dropout: float = 0.0,
+        max_cache_depth: int = 1,
+        group_size: int = 128,
+        zero_point: bool = True,
+        full_weight_grad: bool = False,
+        swiglu_limit: float = 0.0,
+        swiglu_alpha: float = 0.0,
+    ):
+        # --- mode and method -------------------------------------------------------------------
+        if mode not in MODES:
+            raise ValueError(f"mode: unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+        if mode != "inference":
+            raise NotImplementedError(
+                f"mode: {mode!r} (LoRA fine-tuning) is not built in kt-jit; only 'inference' is"
+            )
+        if not isinstance(method, str) or method not in INFERENCE_METHODS:
+            raise ValueError(
+                f"method: unknown method {method!r}; valid methods: {', '.join(INFERENCE_METHODS)}"
+            )
+        if swiglu_limit is None:
+            swiglu_limit = 0.0
+        if swiglu_alpha is None:
+            swiglu_alpha = 0.0
+        if float(swiglu_limit) != 0.0 and method not in SWIGLU_LIMIT_METHODS:
+            raise ValueError(
+                f"swiglu_limit: only supported for methods {', '.join(SWIGLU_LIMIT_METHODS)}; "
+                f"got swiglu_limit={swiglu_limit} with method {method!r}"
+            )
+        if method not in BUILT_METHODS:
+            raise NotImplementedError(
+                f"method: {method!r} is a kt-kernel method that this kt-jit build does not "
+                f"implement yet; built methods: {', '.join(BUILT_METHODS)}"
+            )
+
+        # --- shapes and pool -------------------------------------------------------------------
+        self.layer_idx = int(layer_idx)
+        self.num_experts = _check_positive_int("num_experts", num_experts)
+        self.num_experts_per_tok = _check_positive_int("num_experts_per_tok", num_experts_per_tok)
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok: expected <= num_experts={self.num_experts}, "
+                f"got {self.num_experts_per_tok}"
+            )
+        self.hidden_size = _check_positive_int("hidden_size", hidden_size)
+        self.moe_intermediate_size = _check_positive_int(
+            "moe_intermediate_size", moe_intermediate_size
+        )
+        self.cpuinfer_threads = _check_positive_int("cpuinfer_threads", cpuinfer_threads)
+        self.threadpool_count = _check_positive_int("threadpool_count", threadpool_count)
+        self.chunked_prefill_size = _check_positive_int(
+            "chunked_prefill_size", chunked_prefill_size
+        )
+        if numa_nodes is None:
+            numa_nodes = list(range(self.threadpool_count))
+        else:
+            numa_nodes = [int(n) for n in numa_nodes]
+            if len(numa_nodes) != self.threadpool_count:
+                raise ValueError(
+                    f"numa_nodes: expected {self.threadpool_count} entries "
+                    f"(threadpool_count), got {len(numa_nodes)}: {numa_nodes}"
+                )
+            if any(n < 0 for n in numa_nodes):
+                raise ValueError(f"numa_nodes: expected node ids >= 0, got {numa_nodes}")
+        self.numa_nodes = numa_nodes
+
+        self.weight_path = weight_path
+        self.cpu_save = bool(cpu_save)
+        self.max_deferred_experts_per_token = int(max_deferred_experts_per_token or 0)
+        if self.max_deferred_experts_per_token < 0:
+            raise ValueError(
+                "max_deferred_experts_per_token: expected >= 0 or None, "
+                f"got {max_deferred_experts_per_token}"
+            )
+        self.method = method
+        self.mode = mode
+        self.swiglu_limit = float(swiglu_limit)
+        self.swiglu_alpha = float(swiglu_alpha)
+        # SFT-only parameters, kept for signature compatibility.
+        self.lora_rank = lora_rank
+        self.lora_alpha = lora_alpha
+        self.lora_dropout = lora_dropout
+        self.max_cache_depth = max_cache_depth
+        self.group_size = group_size
+        self.zero_point = zero_point
+        self.full_weight_grad = full_weight_grad
+
+        # --- GPU experts mask: our own CPU copy, read at every forward --------------------------
+        self.gpu_experts_mask = self._make_mask(gpu_experts_mask)
+        self.num_gpu_experts = int(self.gpu_experts_mask.sum().item())
+
+        self.cpu_infer = _ensure_pool(
+            self.cpuinfer_threads, self.threadpool_count, self.numa_nodes, self.method
+        )
+        self.moe = None  # the native MoELayer, created at load
+        self._pending = None
+
+    # ----------------------------------------------------------------------------------------
+    def _make_mask(self, gpu_experts_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        E = self.num_experts
+        pin = torch.cuda.is_available()
+        if gpu_experts_mask is None:
+            mask = torch.zeros(E, dtype=torch.bool)
+        else:
+            if not isinstance(gpu_experts_mask, torch.Tensor):
+                raise TypeError(
+                    "gpu_experts_mask: expected a bool torch.Tensor of shape "
+                    f"[{E}] or None, got {type(gpu_experts_mask).__name__}"
+                )
+            if tuple(gpu_experts_mask.shape) != (E,):
+                raise ValueError(
+                    f"gpu_experts_mask: expected shape [{E}] (num_experts), "
+                    f"got {_shape(gpu_experts_mask)}"
+                )
+            mask = gpu_experts_mask.detach().to(device="cpu", dtype=torch.bool).clone()
+        mask = mask.contiguous()
+        if pin:
+            try:
+                mask = mask.pin_memory()
+            except RuntimeError:  # pragma: no cover - CUDA present but pinning refused
+                pass
+        return mask
+
+    def _mask_for_forward(self):
+        """The mask tensor whose data_ptr goes to the core, re-validated at every forward."""
+        m = self.gpu_experts_mask
+        E = self.num_experts
+        if m is None:
+            return None
+        if not isinstance(m, torch.Tensor):
+            raise TypeError(
+                f"gpu_experts_mask: expected a bool torch.Tensor of shape [{E}], "
+                f"got {type(m).__name__}"
+            )
+        if m.numel() != E:
+            raise ValueError(
+                f"gpu_experts_mask: expected shape [{E}] (num_experts), got {_shape(m)}"
+            )
+        if m.dtype != torch.bool or m.device.type != "cpu" or not m.is_contiguous() or m.dim() != 1:
+            m = m.detach().reshape(E).to(device="cpu", dtype=torch.bool).contiguous()
+        return m
+
+    # ----------------------------------------------------------------------------------------
+    def load_weights(self, physical_to_logical_map_cpu: Optional[torch.Tensor] = None):
+        raise NotImplementedError(
+            f"load_weights: loading method {self.method!r} from weight_path "
+            f"({self.weight_path!r}) arrives with the formats issue; use load_weights_from_tensors"
+        )
+
+    def _check_map(self, physical_to_logical_map_cpu) -> Optional[torch.Tensor]:
+        E = self.num_experts
+        name = "physical_to_logical_map_cpu"
+        if physical_to_logical_map_cpu is None:
+            return None
+        m = physical_to_logical_map_cpu
+        if not isinstance(m, torch.Tensor):
+            raise TypeError(f"{name}: expected an int64 torch.Tensor of shape [{E}], got {type(m)}")
+        if m.dtype not in _INT_DTYPES:
+            raise TypeError(f"{name}: expected an integer dtype (int64), got {m.dtype}")
+        if m.device.type != "cpu":
+            raise ValueError(f"{name}: expected a CPU tensor, got device {m.device}")
+        if tuple(m.shape) != (E,):
+            raise ValueError(f"{name}: expected shape [{E}] (num_experts), got {_shape(m)}")
+        m = m.to(torch.int64).contiguous()
+        if E > 0:
+            lo, hi = int(m.min().item()), int(m.max().item())
+            if lo < 0 or hi >= E:
+                bad = int(m[(m < 0) | (m >= E)][0].item())
+                raise ValueError(
+                    f"{name}: expected values in [0, {E}) (logical expert ids), got {bad}"
+                )
+        return m
+
+    def _check_weight(self, name: str, t, expected: Sequence[int]) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _WEIGHT_DTYPES:
+            raise TypeError(f"{name}: expected dtype bfloat16, float16 or float32, got {t.dtype}")
+        if t.device.type != "cpu":
+            raise ValueError(f"{name}: expected a CPU tensor, got device {t.device}")
+        if tuple(t.shape) != tuple(expected):
+            raise ValueError(
+                f"{name}: expected shape [{', '.join(str(s) for s in expected)}], got {_shape(t)}"
+            )
+        return t
+
+    def load_weights_from_tensors(
+        self,
+        gate_proj: torch.Tensor,
+        up_proj: torch.Tensor,
+        down_proj: torch.Tensor,
+        physical_to_logical_map_cpu: Optional[torch.Tensor] = None,
+    ):
+        """Quantize bf16/fp16/fp32 CPU weights online: gate/up [E, I, H], down [E, H, I]."""
+        E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        gate = self._check_weight("gate_proj", gate_proj, (E, I, H))
+        up = self._check_weight("up_proj", up_proj, (E, I, H))
+        down = self._check_weight("down_proj", down_proj, (E, H, I))
+        pmap = self._check_map(physical_to_logical_map_cpu)
+        if not (gate.dtype == up.dtype == down.dtype):
+            gate, up, down = (w.to(torch.float32) for w in (gate, up, down))
+        gate, up, down = (w.detach().contiguous() for w in (gate, up, down))
+        dtype = _WEIGHT_DTYPES[gate.dtype]
+        layer = _core.MoELayer(E, self.num_experts_per_tok, H, I, self.method)
+        layer.load_from_float(
+            gate.data_ptr(),
+            up.data_ptr(),
+            down.data_ptr(),
+            dtype,
+            0 if pmap is None else pmap.data_ptr(),
+        )
+        self.moe = layer
+        logger.debug(
+            "layer %d: loaded %d experts (H=%d, I=%d, %s) for %s on isa %s",
+            self.layer_idx,
+            E,
+            H,
+            I,
+            dtype,
+            self.method,
+            layer.isa,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    def _prepare(self, hidden_states, topk_ids, topk_weights, cuda_stream):
+        """Validate everything and return (T, x_fp32, ids_i64, w_fp32, out_dtype)."""
+        H, K = self.hidden_size, self.num_experts_per_tok
+        if not isinstance(hidden_states, torch.Tensor):
+            raise TypeError(
+                f"hidden_states: expected a torch.Tensor, got {type(hidden_states).__name__}"
+            )
+        if not isinstance(topk_ids, torch.Tensor):
+            raise TypeError(f"topk_ids: expected a torch.Tensor, got {type(topk_ids).__name__}")
+        if not isinstance(topk_weights, torch.Tensor):
+            raise TypeError(
+                f"topk_weights: expected a torch.Tensor, got {type(topk_weights).__name__}"
+            )
+        for name, t in (
+            ("hidden_states", hidden_states),
+            ("topk_ids", topk_ids),
+            ("topk_weights", topk_weights),
+        ):
+            if t.device.type != "cpu":
+                raise NotImplementedError(f"{name}: on device {t.device}; {_SERVING_ISSUE}")
+        if cuda_stream is not None and int(cuda_stream) != 0:
+            raise NotImplementedError(f"cuda_stream: got {cuda_stream}; {_SERVING_ISSUE}")
+        if not hidden_states.dtype.is_floating_point:
+            raise TypeError(
+                f"hidden_states: expected a floating-point dtype (bfloat16, float16, float32), "
+                f"got {hidden_states.dtype}"
+            )
+        if hidden_states.dim() < 1 or hidden_states.shape[-1] != H:
+            raise ValueError(
+                f"hidden_states: expected shape [..., {H}] (hidden_size={H}), "
+                f"got {_shape(hidden_states)}"
+            )
+        T = hidden_states.numel() // H
+        if topk_ids.dtype not in _INT_DTYPES:
+            raise TypeError(f"topk_ids: expected an integer dtype (int64), got {topk_ids.dtype}")
+        if topk_ids.dim() != 2 or tuple(topk_ids.shape) != (T, K):
+            raise ValueError(
+                f"topk_ids: expected shape [{T}, {K}] (T from hidden_states, "
+                f"K=num_experts_per_tok), got {_shape(topk_ids)}"
+            )
+        if not topk_weights.dtype.is_floating_point:
+            raise TypeError(
+                f"topk_weights: expected a floating-point dtype (float32), got {topk_weights.dtype}"
+            )
+        if topk_weights.dim() != 2 or tuple(topk_weights.shape) != (T, K):
+            raise ValueError(
+                f"topk_weights: expected shape [{T}, {K}] (T from hidden_states, "
+                f"K=num_experts_per_tok), got {_shape(topk_weights)}"
+            )
+        if T > 0 and self.moe is None:
+            raise RuntimeError(
+                "forward: weights are not loaded; call load_weights_from_tensors(...) "
+                "(or load_weights(...)) before forward"
+            )
+        x = hidden_states.detach().reshape(T, H).to(torch.float32).contiguous()
+        ids = topk_ids.detach().to(torch.int64).contiguous()
+        w = topk_weights.detach().to(torch.float32).contiguous()
+        return T, x, ids, w, hidden_states.dtype
+
+    def _compute(self, T, x, ids, w, out_dtype) -> torch.Tensor:
+        H, K = self.hidden_size, self.num_experts_per_tok
+        if T == 0:
+            return torch.empty((0, H), dtype=out_dtype)
+        mask = self._mask_for_forward()
+        mask_ptr = 0 if mask is None else mask.data_ptr()
+        out = torch.empty((T, H), dtype=torch.float32)
+        chunk = self.chunked_prefill_size
+        layer = self.moe
+        for s in range(0, T, chunk):
+            n = min(chunk, T - s)
+            layer.forward(
+                n,
+                x[s].data_ptr(),
+                ids[s].data_ptr(),
+                w[s].data_ptr(),
+                mask_ptr,
+                out[s].data_ptr(),
+            )
+        if out_dtype != torch.float32:
+            out = out.to(out_dtype)
+        return out
+
+    def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
+        """Compute the MoE output (synchronously in this version) and keep it for sync_forward."""
+        T, x, ids, w, out_dtype = self._prepare(hidden_states, topk_ids, topk_weights, cuda_stream)
+        self._pending = None
+        self._pending = self._compute(T, x, ids, w, out_dtype)
+
+    def sync_forward(self, hidden_states=None, cuda_stream=None) -> torch.Tensor:
+        """Return the result of the last submit_forward: [T, H] in hidden_states' dtype."""
+        if cuda_stream is not None and int(cuda_stream) != 0:
+            raise NotImplementedError(f"cuda_stream: got {cuda_stream}; {_SERVING_ISSUE}")
+        if self._pending is None:
+            raise RuntimeError("sync_forward: no forward was submitted (call submit_forward first)")
+        out, self._pending = self._pending, None
+        return out
+
+    def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None) -> torch.Tensor:
+        """MoE forward: out[t] = sum_j w[t,j] * expert_{ids[t,j]}(x[t]); returns [T, H]."""
+        T, x, ids, w, out_dtype = self._prepare(hidden_states, topk_ids, topk_weights, cuda_stream)
+        return self._compute(T, x, ids, w, out_dtype)
+
+    # ----------------------------------------------------------------------------------------
+    @staticmethod
+    def set_capture_batch_sizes(capture_bs: List[int]):
+        KTMoEWrapper._capture_batch_sizes = [int(b) for b in capture_bs]
+
+    @staticmethod
+    def get_capture_batch_sizes() -> List[int]:
+        return list(KTMoEWrapper._capture_batch_sizes)
+
+    @staticmethod
+    def clear_buffer_cache():
+        """kt-kernel drops its pinned staging buffers here; kt-jit keeps none on the CPU path."""
+        return None
+
+    def __repr__(self) -> str:
+        return (
+            f"KTMoEWrapper(layer_idx={self.layer_idx}, method={self.method!r}, "
+            f"E={self.num_experts}, K={self.num_experts_per_tok}, H={self.hidden_size}, "
+            f"I={self.moe_intermediate_size}, isa={_core.isa()!r}, "
+            f"loaded={self.moe is not None})"
+        )
+
+
+def generate_gpu_experts_masks(activation_freq: torch.Tensor, num_gpu_experts: int) -> torch.Tensor:
+    """Global top-``num_gpu_experts`` over the flattened [L, E] table → bool [L, E] (CPU)."""
+    if not isinstance(activation_freq, torch.Tensor):
+        raise TypeError(
+            f"activation_freq: expected a torch.Tensor [L, E], got {type(activation_freq).__name__}"
+        )
+    if activation_freq.dim() != 2:
+        raise ValueError(
+            f"activation_freq: expected a 2-D tensor [num_layers, num_experts], "
+            f"got shape {_shape(activation_freq)}"
+        )
+    L, E = (int(s) for s in activation_freq.shape)
+    total = L * E
+    n = max(0, min(int(num_gpu_experts), total))
+    masks = torch.zeros(total, dtype=torch.bool)
+    if n > 0:
+        flat = activation_freq.detach().reshape(-1).to(device="cpu")
+        if not flat.dtype.is_floating_point:
+            flat = flat.to(torch.float64)
+        _, top = torch.topk(flat, k=n, largest=True, sorted=False)
+        masks[top] = True
+    return masks.view(L, E)

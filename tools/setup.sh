@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install everything kt-jit needs to build and test, on Debian/Ubuntu (run as root or with sudo).
+#   KT_JIT_SKIP_APT=1   skip the apt-get part (system packages already there)
+#   PYTHON=python3.11   the interpreter to install the Python packages into
+set -euo pipefail
+
+PYTHON="${PYTHON:-python3}"
+SUDO=""
+if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+fi
+
+if [ "${KT_JIT_SKIP_APT:-0}" != "1" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== apt-get: build tools and libraries"
+    $SUDO apt-get update
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        libxbyak-dev libhwloc-dev libfmt-dev libgtest-dev binutils cmake g++ make pkg-config
+fi
+
+echo "== pip: torch (CPU build, pinned), test and build tools"
+# Debian's system Python refuses pip installs without this (PEP 668); harmless elsewhere.
+export PIP_BREAK_SYSTEM_PACKAGES=1
+"$PYTHON" -m pip install torch==2.13.0 numpy pytest pybind11 scikit-build-core ninja
