@@ -1,0 +1,240 @@
+// Machine limits measured with generated loops (jit/x64/bench_loops.cpp) on the calling process.
+#include "runtime/machine_limits.hpp"
+
+#include <sched.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "jit/kernel.hpp"
+#include "jit/x64/bench_loops.hpp"
+
+namespace ktjit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ReadFn = void (*)(const void*, int64_t);
+using PeakFn = void (*)(int64_t);
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Anonymous mapping rounded up to 2 MiB, asked for transparent huge pages. Not touched here.
+class HugeBuffer {
+ public:
+  explicit HugeBuffer(size_t bytes) {
+    const size_t huge = size_t(2) << 20;
+    size_ = (std::max<size_t>(bytes, 1) + huge - 1) / huge * huge;
+    void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    madvise(p, size_, MADV_HUGEPAGE);  // best effort
+    ptr_ = static_cast<uint8_t*>(p);
+  }
+  ~HugeBuffer() { munmap(ptr_, size_); }
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+  uint8_t* data() const { return ptr_; }
+
+ private:
+  uint8_t* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Portable fallback when no vector level (or no executable memory) is available.
+void read_stream_ref(const void* buf, int64_t bytes) {
+  const uint64_t* p = static_cast<const uint64_t*>(buf);
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (int64_t i = 0; i < bytes / 8; i += 4) {
+    a += p[i];
+    b ^= p[i + 1];
+    c += p[i + 2];
+    d |= p[i + 3];
+  }
+  static volatile uint64_t sink;
+  (void)sink;
+  sink = a + b + c + d;
+}
+
+ReadFn read_stream_fn() {
+  const IsaLevel isa = selected_isa();
+  if (isa == IsaLevel::ref) return &read_stream_ref;
+  KernelKey key;
+  key.kind = KernelKind::read_stream;
+  key.isa = isa;
+  key.format = WeightFormat::none;
+  const Kernel* k = KernelCache::instance().get(key);
+  return k ? reinterpret_cast<ReadFn>(const_cast<void*>(k->entry())) : &read_stream_ref;
+}
+
+// The CPUs this process may run on, in order.
+std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  if (cpus.empty()) cpus.push_back(0);
+  return cpus;
+}
+
+void pin_this_thread(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof(set), &set);  // 0 = the calling thread; best effort
+}
+
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int n) : n_(n) {}
+  void wait() {
+    const int gen = gen_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      count_.store(0, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; gen_.load(std::memory_order_acquire) == gen; ++spins) {
+      if (spins > 4096) sched_yield();
+      else __builtin_ia32_pause();
+    }
+  }
+
+ private:
+  const int n_;
+  std::atomic<int> count_{0};
+  std::atomic<int> gen_{0};
+};
+
+size_t round_kib(size_t bytes) { return bytes / 1024 * 1024; }
+
+}  // namespace
+
+double measure_read_bandwidth_gbs(size_t bytes, int reps) {
+  bytes = round_kib(bytes);
+  if (bytes == 0 || reps < 1) throw std::invalid_argument("measure_read_bandwidth_gbs: empty");
+  HugeBuffer buf(bytes);
+  std::memset(buf.data(), 1, bytes);  // first touch: pages resident before timing
+  const ReadFn fn = read_stream_fn();
+  fn(buf.data(), int64_t(bytes));  // warm-up pass (TLB, clocks)
+  std::vector<double> gbs;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    fn(buf.data(), int64_t(bytes));
+    const auto t1 = Clock::now();
+    gbs.push_back(double(bytes) / seconds(t0, t1) / 1e9);
+  }
+  return median(gbs);
+}
+
+double measure_read_bandwidth_gbs_threads(int threads, size_t bytes, int reps) {
+  if (threads < 1 || reps < 1) throw std::invalid_argument("measure_read_bandwidth_gbs_threads");
+  const size_t part = round_kib(bytes / size_t(threads));
+  if (part == 0) throw std::invalid_argument("measure_read_bandwidth_gbs_threads: buffer too small");
+  HugeBuffer buf(part * size_t(threads));
+  const ReadFn fn = read_stream_fn();
+  const std::vector<int> cpus = allowed_cpus();
+  SpinBarrier barrier(threads);
+  const int passes = reps + 1;  // pass 0 is a warm-up
+  std::vector<Clock::time_point> start(size_t(threads) * passes), end(size_t(threads) * passes);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      pin_this_thread(cpus[size_t(t) % cpus.size()]);
+      uint8_t* mine = buf.data() + size_t(t) * part;
+      std::memset(mine, 1, part);  // first touch by the reading thread
+      for (int r = 0; r < passes; ++r) {
+        barrier.wait();
+        start[size_t(r) * threads + t] = Clock::now();
+        fn(mine, int64_t(part));
+        end[size_t(r) * threads + t] = Clock::now();
+        barrier.wait();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  std::vector<double> gbs;
+  for (int r = 1; r < passes; ++r) {
+    auto first = start[size_t(r) * threads], last = end[size_t(r) * threads];
+    for (int t = 1; t < threads; ++t) {
+      first = std::min(first, start[size_t(r) * threads + t]);
+      last = std::max(last, end[size_t(r) * threads + t]);
+    }
+    gbs.push_back(double(part) * threads / seconds(first, last) / 1e9);
+  }
+  return median(gbs);
+}
+
+double measure_peak_gops(IsaLevel isa, uint8_t op, int reps) {
+  if (reps < 1) throw std::invalid_argument("measure_peak_gops: reps < 1");
+  KernelKey key;
+  key.kind = KernelKind::peak_loop;
+  key.isa = isa;
+  key.format = WeightFormat::none;
+  key.variant = op;
+  const double ops_per_iter = x64::peak_ops_per_iteration(key);  // throws for invalid combos
+  if (!level_usable(isa, cpu_features()))
+    throw std::invalid_argument(std::string("measure_peak_gops: this CPU cannot run isa ") +
+                                isa_name(isa));
+  const Kernel* k = KernelCache::instance().get(key);
+  if (!k) return 0;
+  const PeakFn fn = reinterpret_cast<PeakFn>(const_cast<void*>(k->entry()));
+
+  // Calibrate: grow until a run takes >= 2 ms, then size each rep to ~30 ms.
+  int64_t iters = 1000;
+  double t = 0;
+  for (;;) {
+    const auto t0 = Clock::now();
+    fn(iters);
+    t = seconds(t0, Clock::now());
+    if (t >= 2e-3 || iters > (int64_t(1) << 40)) break;
+    iters *= 4;
+  }
+  iters = std::max<int64_t>(1, int64_t(double(iters) * 30e-3 / std::max(t, 1e-9)));
+  fn(iters);  // warm-up at full length (clock ramp)
+  std::vector<double> gops;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    fn(iters);
+    const auto t1 = Clock::now();
+    gops.push_back(ops_per_iter * double(iters) / seconds(t0, t1) / 1e9);
+  }
+  return median(gops);
+}
+
+MachineLimits measure_machine_limits(IsaLevel isa) {
+  MachineLimits m;
+  m.read_gbs_1t = measure_read_bandwidth_gbs();
+  if (allowed_cpus().size() >= 2) m.read_gbs_2t = measure_read_bandwidth_gbs_threads(2);
+  auto peak = [&](x64::PeakOp op) {
+    try {
+      return measure_peak_gops(isa, uint8_t(op));
+    } catch (const std::invalid_argument&) {
+      return 0.0;  // the ISA lacks the op (or the CPU cannot run the ISA)
+    }
+  };
+  m.peak_vnni_gops = peak(x64::PeakOp::vpdpbusd);
+  m.peak_maddubsw_gops = peak(x64::PeakOp::maddubsw);
+  m.peak_fma_gflops = peak(x64::PeakOp::fma_f32);
+  m.peak_bf16_gflops = peak(x64::PeakOp::dpbf16);
+  return m;
+}
+
+}  // namespace ktjit

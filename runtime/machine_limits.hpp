@@ -1,0 +1,39 @@
+// The machine's own limits, measured in the calling process with generated loops: streaming read
+// bandwidth (1 and N threads) and the peak throughput of the instructions the kernels rely on.
+// Benchmarks report their speed as a fraction of these numbers taken in the same run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "jit/cpu/cpu.hpp"
+
+namespace ktjit {
+
+// Median GB/s (1 GB = 1e9 B) of a streaming read over a `bytes` buffer (mmap + MADV_HUGEPAGE,
+// first-touched before timing) on the calling thread, over `reps` timed passes.
+double measure_read_bandwidth_gbs(size_t bytes = size_t(1) << 30, int reps = 5);
+
+// The buffer split over `threads` std::threads, thread i pinned to the i-th CPU of the process's
+// affinity mask and first-touching its own part; median of the aggregate GB/s
+// (total bytes / (last end - first start)) over `reps` passes.
+double measure_read_bandwidth_gbs_threads(int threads, size_t bytes = size_t(1) << 30,
+                                          int reps = 5);
+
+// Median Gop/s (2 ops per multiply-accumulate) of the peak loop for `op` (x64::PeakOp) at `isa`
+// on the calling thread, each rep sized to ~30 ms. Throws std::invalid_argument when the ISA lacks
+// the op or this CPU cannot run `isa`; returns 0 when executable memory is refused.
+double measure_peak_gops(IsaLevel isa, uint8_t op, int reps = 7);
+
+struct MachineLimits {
+  double read_gbs_1t = 0, read_gbs_2t = 0;
+  double peak_vnni_gops = 0;      // vpdpbusd
+  double peak_maddubsw_gops = 0;  // vpmaddubsw + vpmaddwd + vpaddd
+  double peak_fma_gflops = 0;     // vfmadd231ps
+  double peak_bf16_gflops = 0;    // vdpbf16ps
+};
+
+// All of the above at `isa` (ops the ISA lacks are 0; read_gbs_2t is 0 on a 1-CPU machine).
+MachineLimits measure_machine_limits(IsaLevel isa);
+
+}  // namespace ktjit
