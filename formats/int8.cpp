@@ -1,0 +1,83 @@
+#include "formats/int8.hpp"
+
+#include <cmath>
+#include <cstring>
+
+namespace ktjit::formats {
+
+float quantize_row_int8(const float* x, int64_t k, int8_t* q) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < k; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int64_t i = 0; i < k; ++i) {
+    float v = std::nearbyint(x[i] * id);  // round half to even under the default rounding mode
+    v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+    q[i] = int8_t(v);
+  }
+  return d;
+}
+
+Int8StripLayout Int8StripLayout::make(int64_t n, int64_t k, int lanes, int strip_vecs,
+                                      int sources) {
+  Int8StripLayout l;
+  l.n = n;
+  l.k = k;
+  l.k4 = (k + 3) / 4;
+  l.lanes = lanes;
+  l.strip_vecs = strip_vecs;
+  l.sources = sources;
+  const int64_t vecs_per_source = (n + lanes - 1) / lanes;  // rows padded to whole vectors
+  const int64_t per_strip = strip_vecs / sources;
+  l.full_strips = vecs_per_source / per_strip;
+  l.tail_vecs = int(vecs_per_source % per_strip) * sources;
+  return l;
+}
+
+void packed_column_source(const Int8StripLayout& l, int64_t c, int* source, int64_t* row) {
+  const int64_t full_cols = l.full_strips * l.strip_cols(l.strip_vecs);
+  int64_t strip, in;
+  int cols;
+  if (c < full_cols) {
+    cols = l.strip_cols(l.strip_vecs);
+    strip = c / cols;
+    in = c % cols;
+  } else {
+    cols = l.strip_cols(l.tail_vecs);
+    strip = l.full_strips;
+    in = c - full_cols;
+  }
+  const int64_t per_source = cols / l.sources;
+  *source = int(in / per_source);
+  const int64_t r = strip * l.rows_per_strip() + in % per_source;
+  *row = r < l.n ? r : -1;
+}
+
+void pack_int8_strips(const Int8StripLayout& l, const int8_t* const* q, const float* const* d,
+                      int8_t* out, float* scale, int32_t* comp) {
+  std::memset(out, 0, size_t(l.total_bytes()));
+  int64_t c = 0;
+  for (int64_t s = 0; s <= l.full_strips; ++s) {
+    const int vecs = s < l.full_strips ? l.strip_vecs : l.tail_vecs;
+    if (vecs == 0) break;
+    const int cols = l.strip_cols(vecs);
+    int8_t* base = out + l.strip_offset(s);
+    for (int j = 0; j < cols; ++j, ++c) {
+      int src;
+      int64_t row;
+      packed_column_source(l, c, &src, &row);
+      int32_t sum = 0;
+      if (row >= 0) {
+        const int8_t* qr = q[src] + row * l.k;
+        for (int64_t kk = 0; kk < l.k; ++kk) {
+          base[((kk / 4) * cols + j) * 4 + kk % 4] = qr[kk];
+          sum += qr[kk];
+        }
+      }
+      scale[c] = row >= 0 ? d[src][row] : 0.0f;
+      comp[c] = 128 * sum;
+    }
+  }
+}
+
+}  // namespace ktjit::formats

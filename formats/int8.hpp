@@ -1,0 +1,52 @@
+// INT8 weight format (kt-kernel's AMXINT8 / MOE_INT8 semantics): symmetric per output row,
+// d = amax / 127, q = clamp(rne(w * (1/d)), -127, 127). Activations use the same rule per token.
+// This file knows the numbers and the packed strip layout; it knows nothing of threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ktjit::formats {
+
+// Quantizes one row of `k` floats into `q` (k bytes) and returns its scale d (0 for an all-zero
+// row).
+float quantize_row_int8(const float* x, int64_t k, int8_t* q);
+
+// Packed strip layout of one weight matrix for the INT8 GEMM kernels.
+// Columns are grouped in strips of `strip_vecs` vectors of `lanes` columns; inside a strip the
+// bytes are [k4][column][4 consecutive k] (VNNI order) so one K step of a strip is one contiguous
+// read. A fused gate/up matrix (`sources == 2`) puts half a strip of gate rows then the same rows
+// of up.
+struct Int8StripLayout {
+  int64_t n = 0;       // output rows of each source (N, or I for fused gate/up)
+  int64_t k = 0;       // logical K
+  int64_t k4 = 0;      // ceil(K / 4)
+  int lanes = 16;      // columns per vector
+  int strip_vecs = 4;  // vectors per full strip
+  int sources = 1;     // 1, or 2 for gate/up
+  int64_t full_strips = 0;
+  int tail_vecs = 0;  // vectors in the last, narrower strip (0 = none)
+
+  static Int8StripLayout make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources);
+  int strip_cols(int vecs) const { return vecs * lanes; }
+  int64_t strip_bytes(int vecs) const { return k4 * 4 * strip_cols(vecs); }
+  // Output rows covered by one full strip (per source).
+  int64_t rows_per_strip() const { return int64_t(strip_vecs) * lanes / sources; }
+  int64_t total_cols() const {
+    return full_strips * strip_cols(strip_vecs) + strip_cols(tail_vecs);
+  }
+  int64_t total_bytes() const { return k4 * 4 * total_cols(); }
+  int64_t strip_offset(int64_t s) const { return s * strip_bytes(strip_vecs); }
+  int64_t padded_k() const { return k4 * 4; }
+};
+
+// Packs quantized rows (`q[src]` is n x k int8 row-major, `d[src]` n scales) into `out`
+// (layout.total_bytes()), `scale` and `comp` (layout.total_cols() each). Padding is zero.
+void pack_int8_strips(const Int8StripLayout& layout, const int8_t* const* q, const float* const* d,
+                      int8_t* out, float* scale, int32_t* comp);
+
+// The logical (source, row) held by packed column `c`, or row -1 for padding.
+void packed_column_source(const Int8StripLayout& layout, int64_t c, int* source, int64_t* row);
+
+}  // namespace ktjit::formats

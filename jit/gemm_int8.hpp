@@ -1,0 +1,56 @@
+// The INT8 GEMM kernel family: its call ABI, its packed weight layout, and the plain C++
+// reference kernel that is both the test oracle and the fallback path.
+//
+// Math per (row m, packed column n):
+//   acc = Σ_k a[m][k] * w[n][k]                      exact int32 (a, w in [-127, 127])
+//   y   = (a_scale[m] * w_scale[n]) * float(acc)     two fp32 roundings, in that order
+// Epilogues: store y; siluup (gate columns then up columns of a strip):
+//   h = g / (1 + exp2poly(clamp(-g, -87, 88))) * u, exp2poly as in exp_ref() below;
+//   accum: out = fma(row_weight[m], y, out).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "jit/kernel.hpp"
+
+namespace ktjit {
+
+// Passed by pointer to every generated INT8 GEMM kernel (offsets are part of the ABI).
+struct GemmInt8Args {
+  const int8_t* a;          // activations: row m at a + m*lda, k4*4 bytes, zero padded
+  int64_t lda;              // bytes
+  const int8_t* w;          // first packed strip
+  int64_t n_strips;         // strips of this kernel's width to process
+  int64_t k4;               // K/4, K padded to a multiple of 4
+  const float* a_scale;     // per row
+  const float* w_scale;     // per packed column of the first strip onwards
+  const int32_t* w_comp;    // per packed column: 128 * Σ_k w (VNNI's unsigned-activation offset)
+  float* const* out_rows;   // per row output pointer
+  int64_t out_col;          // first output column (floats) for the first strip
+  const float* row_weight;  // per row routing weight (accum epilogue)
+  int64_t m_blocks;         // prefill kernels: number of m_r-row blocks
+};
+static_assert(offsetof(GemmInt8Args, m_blocks) == 88, "GemmInt8Args is part of the kernel ABI");
+
+using GemmInt8Fn = void (*)(const GemmInt8Args*);
+
+// Strips are 4 vectors of columns wide; a tail strip may hold fewer vectors.
+constexpr int kInt8StripVecs = 4;
+// Register-tile rows the prefill kernel uses at each level (limited by the register file).
+int int8_max_rows(IsaLevel isa);
+
+// Output columns written per strip of `n_vec` vectors.
+inline int int8_strip_out_cols(IsaLevel isa, int n_vec, Epilogue e) {
+  return (e == Epilogue::siluup ? n_vec / 2 : n_vec) * vec_lanes(isa);
+}
+
+// Reference twin of a generated kernel: same ABI, same numerics, bit for bit.
+// `m_rows` is the number of rows of one block (the key's m_r).
+void gemm_int8_ref(const KernelKey& key, const GemmInt8Args& args);
+
+// The polynomial exp used by the SiLU epilogue (kt-kernel's exp_avx512 coefficients).
+float exp_ref(float x);
+float silu_mul_ref(float g, float u);
+
+}  // namespace ktjit

@@ -1,0 +1,85 @@
+// Plain C++ twin of the generated INT8 kernels. Every rounding point mirrors the generated code:
+// fmaf where the kernel uses an FMA, separate multiplies where it multiplies. Built with
+// -ffp-contract=off so the compiler does not fuse on its own.
+#include <cmath>
+#include <cstring>
+
+#include "jit/gemm_int8.hpp"
+
+namespace ktjit {
+
+int int8_max_rows(IsaLevel isa) {
+  return isa == IsaLevel::avx2 ? 3 : 6;
+}
+
+namespace {
+constexpr float kLog2e = 1.44269504089f;
+constexpr float kC1 = 0.9999999995f, kC2 = 0.6931471805f, kC3 = 0.2402265069f, kC4 = 0.0555041087f,
+                kC5 = 0.0096181291f, kC6 = 0.0013333558f;
+}  // namespace
+
+float exp_ref(float x) {
+  x = x < 88.0f ? x : 88.0f;
+  x = x > -87.0f ? x : -87.0f;
+  const float y = x * kLog2e;
+  const float i = std::nearbyint(y);
+  const float f = y - i;
+  float p = std::fma(kC6, f, kC5);
+  p = std::fma(p, f, kC4);
+  p = std::fma(p, f, kC3);
+  p = std::fma(p, f, kC2);
+  p = std::fma(p, f, kC1);
+  const uint32_t bits = uint32_t(int32_t(i) + 127) << 23;
+  float two_i;
+  std::memcpy(&two_i, &bits, 4);
+  return p * two_i;
+}
+
+float silu_mul_ref(float g, float u) {
+  const float e = exp_ref(-g);
+  const float d = e + 1.0f;
+  return g / d * u;
+}
+
+void gemm_int8_ref(const KernelKey& key, const GemmInt8Args& args) {
+  const int lanes = vec_lanes(key.isa);
+  const int cols = key.n_vec * lanes;
+  const int out_cols = int8_strip_out_cols(key.isa, key.n_vec, key.epilogue);
+  const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
+  const int rows = key.m_r;
+  const int8_t* w = args.w;
+  for (int64_t s = 0; s < args.n_strips; ++s) {
+    const float* wscale = args.w_scale + s * cols;
+    const int64_t col0 = args.out_col + s * out_cols;
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int r = 0; r < rows; ++r) {
+        const int64_t m = b * rows + r;
+        const int8_t* a = args.a + m * args.lda;
+        float y[64];
+        for (int n = 0; n < cols; ++n) {
+          int32_t acc = 0;
+          for (int64_t k4 = 0; k4 < args.k4; ++k4)
+            for (int j = 0; j < 4; ++j)
+              acc += int32_t(a[k4 * 4 + j]) * int32_t(w[(k4 * cols + n) * 4 + j]);
+          const float scale = args.a_scale[m] * wscale[n];
+          y[n] = scale * float(acc);
+        }
+        float* out = args.out_rows[m] + col0;
+        switch (key.epilogue) {
+          case Epilogue::store:
+            for (int n = 0; n < cols; ++n) out[n] = y[n];
+            break;
+          case Epilogue::siluup:
+            for (int n = 0; n < cols / 2; ++n) out[n] = silu_mul_ref(y[n], y[n + cols / 2]);
+            break;
+          case Epilogue::accum:
+            for (int n = 0; n < cols; ++n) out[n] = std::fma(args.row_weight[m], y[n], out[n]);
+            break;
+        }
+      }
+    }
+    w += args.k4 * cols * 4;
+  }
+}
+
+}  // namespace ktjit

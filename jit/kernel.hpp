@@ -1,0 +1,112 @@
+// Kernel keys, generated kernels and the process-wide kernel cache.
+// A key names a tile shape and tail class, never a token count, so a model needs tens of kernels
+// and decode never waits on code generation.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "jit/code_memory.hpp"
+#include "jit/cpu/cpu.hpp"
+
+namespace ktjit {
+
+enum class KernelKind : uint8_t {
+  gemm_decode = 0,   // all rows of a call in one pass, strips streamed back to back
+  gemm_prefill = 1,  // M-block loop inside each strip so the strip is reused from cache
+  peak_loop = 2,     // throughput loop for one instruction (benchmarks)
+  read_stream = 3,   // streaming read (benchmarks)
+};
+
+enum class WeightFormat : uint8_t { none = 0, int8 = 1 };
+
+enum class Epilogue : uint8_t {
+  store = 0,   // out[m][n] = y
+  siluup = 1,  // strip holds gate then up columns; out[m][n] = silu(g) * u
+  accum = 2,   // out[m][n] += routing_weight[m] * y
+};
+
+struct KernelKey {
+  KernelKind kind = KernelKind::gemm_decode;
+  IsaLevel isa = IsaLevel::ref;
+  WeightFormat format = WeightFormat::int8;
+  uint8_t m_r = 1;    // rows of the register tile
+  uint8_t n_vec = 1;  // vectors of columns in a strip
+  Epilogue epilogue = Epilogue::store;
+  uint8_t variant = 0;  // family-specific (peak loops: which instruction)
+
+  bool operator==(const KernelKey& o) const {
+    return kind == o.kind && isa == o.isa && format == o.format && m_r == o.m_r &&
+           n_vec == o.n_vec && epilogue == o.epilogue && variant == o.variant;
+  }
+  uint64_t packed() const {
+    return uint64_t(kind) | uint64_t(isa) << 8 | uint64_t(format) << 16 | uint64_t(m_r) << 24 |
+           uint64_t(n_vec) << 32 | uint64_t(epilogue) << 40 | uint64_t(variant) << 48;
+  }
+  // e.g. "gemm_decode_int8_avx512vnni_m4n64_siluup": family, format, ISA, tile, epilogue.
+  std::string name() const;
+  // e.g. "kind=gemm_decode isa=avx512_vnni fmt=int8 m_r=4 n_vec=4 epi=siluup".
+  std::string describe() const;
+};
+
+struct KernelKeyHash {
+  size_t operator()(const KernelKey& k) const { return std::hash<uint64_t>()(k.packed()); }
+};
+
+// Columns held by one vector register at an ISA level (int32 / fp32 lanes).
+int vec_lanes(IsaLevel isa);
+
+struct Kernel {
+  KernelKey key;
+  std::string name;
+  std::vector<uint8_t> code;  // kept for dumps and perf maps
+  ExecutableCode exec;        // empty when not published (dump-only or W^X refused)
+  double gen_us = 0;
+  const void* entry() const { return exec.entry(); }
+};
+
+struct CacheStats {
+  uint64_t hits = 0, misses = 0, bytes = 0;
+  double gen_us = 0;
+};
+
+// Key -> kernel, generated once, thread-safe. Kernels are immutable once published and live as
+// long as the process.
+class KernelCache {
+ public:
+  static KernelCache& instance();
+
+  // Generates (if needed) and publishes the kernel into executable memory. Returns nullptr when
+  // executable memory is refused: callers then use the reference path (a warning is logged once).
+  const Kernel* get(const KernelKey& key);
+  // Generates without publishing (any ISA, including ones this CPU cannot run). Not cached.
+  static std::unique_ptr<Kernel> generate_only(const KernelKey& key);
+
+  CacheStats stats() const;
+  bool exec_refused() const { return exec_refused_.load(); }
+
+ private:
+  KernelCache();
+  void on_published(const Kernel& k);
+
+  mutable std::mutex mu_;
+  std::unordered_map<KernelKey, std::unique_ptr<Kernel>, KernelKeyHash> map_;
+  std::atomic<uint64_t> hits_{0};
+  uint64_t misses_ = 0, bytes_ = 0;
+  double gen_us_ = 0;
+  std::atomic<bool> exec_refused_{false};
+  std::string dump_dir_;
+  bool perf_map_ = false;
+};
+
+// Dispatch from a key to its generator: machine code bytes for the key.
+std::vector<uint8_t> generate_code(const KernelKey& key);
+
+}  // namespace ktjit

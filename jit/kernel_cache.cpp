@@ -1,0 +1,145 @@
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "jit/kernel.hpp"
+
+namespace ktjit {
+namespace {
+
+const char* kind_name(KernelKind k) {
+  switch (k) {
+    case KernelKind::gemm_decode: return "gemm_decode";
+    case KernelKind::gemm_prefill: return "gemm_prefill";
+    case KernelKind::peak_loop: return "peak";
+    case KernelKind::read_stream: return "read_stream";
+  }
+  return "?";
+}
+
+const char* format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::none: return "none";
+    case WeightFormat::int8: return "int8";
+  }
+  return "?";
+}
+
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::store: return "store";
+    case Epilogue::siluup: return "siluup";
+    case Epilogue::accum: return "accum";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int vec_lanes(IsaLevel isa) {
+  return int(isa) >= int(IsaLevel::avx512) ? 16 : 8;
+}
+
+std::string KernelKey::name() const {
+  std::ostringstream s;
+  s << kind_name(kind);
+  if (kind == KernelKind::gemm_decode || kind == KernelKind::gemm_prefill) {
+    s << '_' << format_name(format) << '_' << isa_tag(isa) << "_m" << int(m_r) << 'n'
+      << int(n_vec) * vec_lanes(isa) << '_' << epilogue_name(epilogue);
+  } else {
+    s << '_' << isa_tag(isa) << "_v" << int(variant);
+  }
+  return s.str();
+}
+
+std::string KernelKey::describe() const {
+  std::ostringstream s;
+  s << "kind=" << kind_name(kind) << " isa=" << isa_name(isa) << " fmt=" << format_name(format)
+    << " m_r=" << int(m_r) << " n_vec=" << int(n_vec) << " epi=" << epilogue_name(epilogue)
+    << " variant=" << int(variant);
+  return s.str();
+}
+
+KernelCache& KernelCache::instance() {
+  static KernelCache* c = new KernelCache();  // never destroyed: kernels outlive static teardown
+  return *c;
+}
+
+KernelCache::KernelCache() {
+  if (const char* d = std::getenv("KT_JIT_DUMP")) dump_dir_ = d;
+  if (const char* p = std::getenv("KT_JIT_PERF_MAP")) perf_map_ = *p && std::string(p) != "0";
+}
+
+std::unique_ptr<Kernel> KernelCache::generate_only(const KernelKey& key) {
+  auto k = std::make_unique<Kernel>();
+  k->key = key;
+  k->name = key.name();
+  auto t0 = std::chrono::steady_clock::now();
+  k->code = generate_code(key);
+  auto t1 = std::chrono::steady_clock::now();
+  k->gen_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+  return k;
+}
+
+const Kernel* KernelCache::get(const KernelKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(key);
+  if (it != map_.end()) {
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    return it->second->entry() ? it->second.get() : nullptr;
+  }
+  std::unique_ptr<Kernel> k = generate_only(key);
+  std::string err;
+  k->exec = ExecutableCode::publish(k->code.data(), k->code.size(), &err);
+  ++misses_;
+  bytes_ += k->code.size();
+  gen_us_ += k->gen_us;
+  if (!k->exec) {
+    if (!exec_refused_.exchange(true))
+      std::fprintf(stderr,
+                   "[kt-jit] warning: executable memory refused (%s); using the portable C++ "
+                   "reference kernels\n",
+                   err.c_str());
+  } else {
+    on_published(*k);
+  }
+  const Kernel* out = k->entry() ? k.get() : nullptr;
+  map_.emplace(key, std::move(k));
+  return out;
+}
+
+void KernelCache::on_published(const Kernel& k) {
+  debug_log("kernel " + k.name + " [" + k.key.describe() + "] " + std::to_string(k.code.size()) +
+            " B in " + std::to_string(k.gen_us) + " us");
+  if (!dump_dir_.empty()) {
+    std::ofstream(dump_dir_ + "/" + k.name + ".bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(k.code.data()), std::streamsize(k.code.size()));
+    std::ofstream js(dump_dir_ + "/" + k.name + ".json");
+    js << "{\"name\": \"" << k.name << "\", \"key\": \"" << k.key.describe()
+       << "\", \"bytes\": " << k.code.size() << ", \"gen_us\": " << k.gen_us << "}\n";
+  }
+  if (perf_map_) {
+    std::string path = "/tmp/perf-" + std::to_string(getpid()) + ".map";
+    if (FILE* f = std::fopen(path.c_str(), "a")) {
+      std::fprintf(f, "%lx %zx %s\n", reinterpret_cast<unsigned long>(k.entry()), k.code.size(),
+                   k.name.c_str());
+      std::fclose(f);
+    }
+  }
+}
+
+CacheStats KernelCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CacheStats s;
+  s.hits = hits_.load();
+  s.misses = misses_;
+  s.bytes = bytes_;
+  s.gen_us = gen_us_;
+  return s;
+}
+
+}  // namespace ktjit

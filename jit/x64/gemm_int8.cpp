@@ -1,0 +1,349 @@
+// INT8 GEMM generator: a loop nest of small emit steps
+//   strips -> [prefill: M blocks] -> K (4 bytes per step) -> dot4 microkernel -> epilogue.
+// Accumulator lanes hold one output column each, summed over 4 k per step, on every ISA level:
+//   avx512_vnni+: vpdpbusd (activation bytes flipped to unsigned, offset removed by w_comp)
+//   avx512:       |a| * (w with a's sign) via vpmaddubsw, exact because |a|,|w| <= 127,
+//                 then vpmaddwd with ones to int32
+//   avx2:         the same with vpsignb on ymm.
+#include "jit/x64/gemm_int8.hpp"
+
+#include <stdexcept>
+
+#include "jit/gemm_int8.hpp"
+#include "jit/x64/generator.hpp"
+
+namespace ktjit::x64 {
+namespace {
+
+using namespace Xbyak;
+using namespace Xbyak::util;
+
+class GemmInt8Generator : public JitGenerator {
+ public:
+  explicit GemmInt8Generator(const KernelKey& key)
+      : JitGenerator(key.isa),
+        key_(key),
+        lanes_(vec_lanes(key.isa)),
+        nv_(key.n_vec),
+        mr_(key.m_r),
+        vnni_(int(key.isa) >= int(IsaLevel::avx512_vnni)),
+        prefill_(key.kind == KernelKind::gemm_prefill) {
+    if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
+      throw std::invalid_argument("gemm_int8: no x86 vector generator for isa " +
+                                  std::string(isa_name(key.isa)));
+    if (nv_ < 1 || nv_ > kInt8StripVecs || mr_ < 1 || mr_ > int8_max_rows(key.isa))
+      throw std::invalid_argument("gemm_int8: tile out of range: " + key.describe());
+    if (key.epilogue == Epilogue::siluup && nv_ % 2)
+      throw std::invalid_argument("gemm_int8: siluup needs an even number of vectors");
+    generate();
+  }
+
+ private:
+  // ---- register roles -------------------------------------------------------------------
+  const Reg64 reg_args = rdi;
+  const Reg64 reg_w = rsi;  // weight stream
+  const Reg64 reg_a = r8;   // rows 0..2 of the current block, advanced along K
+  const Reg64 reg_a3 = r9;  // rows 3..5
+  const Reg64 reg_lda = r10;
+  const Reg64 reg_k = r11;       // K-step counter
+  const Reg64 reg_row = rbx;     // first row of the current block
+  const Reg64 reg_wscale = r12;  // strip's scales
+  const Reg64 reg_comp = r13;    // strip's compensation
+  const Reg64 reg_col = r14;     // strip's first output column, in bytes
+  const Reg64 reg_mb = r15;      // M-block counter (prefill)
+  const Reg64 reg_strip = rbp;   // strip start (prefill re-reads it per block)
+  const Reg64 reg_tmp = rax;
+  const Reg64 reg_tmp2 = rdx;
+  // stack: [rsp] strips left
+
+  int acc_idx(int m, int v) const { return m * nv_ + v; }
+  Xmm acc(int m, int v) const { return vreg(acc_idx(m, v)); }
+  // Scratch for the K loop lives above the accumulators.
+  Xmm wreg(int v) const { return vreg(num_vregs() - 8 + v); }  // zmm only: 24..27
+  Xmm bcast() const { return vreg(num_vregs() - 4); }          // broadcast activation
+  Xmm aux() const { return vreg(num_vregs() - 3); }            // sign or mask of activation
+  // Two temporaries on zmm (the second takes wreg(3)'s slot, unused without VNNI), one on ymm.
+  Xmm tmp(int i) const { return vreg(zmm_isa() && (i & 1) ? num_vregs() - 5 : num_vregs() - 2); }
+  Xmm ones16() const { return vreg(num_vregs() - 1); }
+
+  int strip_cols() const { return nv_ * lanes_; }
+  int strip_k4_bytes() const { return strip_cols() * 4; }
+  int out_cols() const { return int8_strip_out_cols(key_.isa, nv_, key_.epilogue); }
+
+  Address arg(size_t off) const { return qword[reg_args + off]; }
+  RegExp a_row(int m) const {
+    const Reg64& base = m < 3 ? reg_a : reg_a3;
+    switch (m % 3) {
+      case 0: return RegExp(base);
+      case 1: return base + reg_lda;
+      default: return base + reg_lda * 2;
+    }
+  }
+  Address vmem(const RegExp& e) const { return zmm_isa() ? zword[e] : yword[e]; }
+  Address cpool(Label& l) const { return zmm_isa() ? zword[rip + l] : yword[rip + l]; }
+
+  // ---- loop nest --------------------------------------------------------------------------
+  void generate() {
+    preamble(16);
+    load_params();
+    Label strip_loop, done;
+    mov(reg_tmp, arg(offsetof(GemmInt8Args, n_strips)));
+    test(reg_tmp, reg_tmp);
+    jle(done, T_NEAR);
+    mov(qword[rsp], reg_tmp);
+    L(strip_loop);
+    {
+      mov(reg_strip, reg_w);
+      if (prefill_) {
+        Label mb_loop, mb_done;
+        xor_(reg_row.cvt32(), reg_row.cvt32());
+        mov(reg_mb, arg(offsetof(GemmInt8Args, m_blocks)));
+        test(reg_mb, reg_mb);
+        jle(mb_done, T_NEAR);
+        L(mb_loop);
+        {
+          mov(reg_w, reg_strip);
+          compute_block();
+          add(reg_row, mr_);
+          dec(reg_mb);
+          jnz(mb_loop, T_NEAR);
+        }
+        L(mb_done);
+        // Leave reg_w at the next strip whether or not any block ran.
+        mov(reg_tmp, arg(offsetof(GemmInt8Args, k4)));
+        imul(reg_tmp, reg_tmp, strip_k4_bytes());
+        lea(reg_w, ptr[reg_strip + reg_tmp]);
+      } else {
+        xor_(reg_row.cvt32(), reg_row.cvt32());
+        compute_block();  // leaves reg_w at the next strip
+      }
+      add(reg_wscale, strip_cols() * 4);
+      add(reg_comp, strip_cols() * 4);
+      add(reg_col, out_cols() * 4);
+      dec(qword[rsp]);
+      jnz(strip_loop, T_NEAR);
+    }
+    L(done);
+    postamble();
+    emit_constants();
+  }
+
+  void load_params() {
+    mov(reg_w, arg(offsetof(GemmInt8Args, w)));
+    mov(reg_lda, arg(offsetof(GemmInt8Args, lda)));
+    mov(reg_wscale, arg(offsetof(GemmInt8Args, w_scale)));
+    mov(reg_comp, arg(offsetof(GemmInt8Args, w_comp)));
+    mov(reg_col, arg(offsetof(GemmInt8Args, out_col)));
+    shl(reg_col, 2);
+    if (!vnni_) vmovups(ones16(), cpool(c_ones16_));
+  }
+
+  // One register tile: rows [reg_row, reg_row + mr) x the current strip, over all of K.
+  void compute_block() {
+    mov(reg_a, reg_row);
+    imul(reg_a, reg_lda);
+    add(reg_a, arg(offsetof(GemmInt8Args, a)));
+    if (mr_ > 3) {
+      lea(reg_a3, ptr[reg_a + reg_lda * 2]);
+      add(reg_a3, reg_lda);
+    }
+    zero_accumulators();
+    k_loop();
+    epilogue();
+  }
+
+  void zero_accumulators() {
+    for (int m = 0; m < mr_; ++m)
+      for (int v = 0; v < nv_; ++v) {
+        if (zmm_isa())
+          vpxord(acc(m, v), acc(m, v), acc(m, v));
+        else
+          vpxor(acc(m, v), acc(m, v), acc(m, v));
+      }
+  }
+
+  void k_loop() {
+    Label loop, done;
+    mov(reg_k, arg(offsetof(GemmInt8Args, k4)));
+    test(reg_k, reg_k);
+    jle(done, T_NEAR);
+    L(loop);
+    {
+      microkernel();
+      add(reg_a, 4);
+      if (mr_ > 3) add(reg_a3, 4);
+      add(reg_w, strip_k4_bytes());
+      dec(reg_k);
+      jnz(loop, T_NEAR);
+    }
+    L(done);
+  }
+
+  // One K step: 4 k for every (row, vector) of the tile.
+  void microkernel() {
+    const bool preload = vnni_ && mr_ > 1;
+    if (preload)
+      for (int v = 0; v < nv_; ++v) vmovdqu8(wreg(v), vmem(reg_w + v * vec_bytes()));
+    for (int m = 0; m < mr_; ++m) {
+      load_activation(m);
+      for (int v = 0; v < nv_; ++v) {
+        if (vnni_) {
+          if (preload)
+            vpdpbusd(acc(m, v), bcast(), wreg(v));
+          else
+            vpdpbusd(acc(m, v), bcast(), vmem(reg_w + v * vec_bytes()));
+        } else {
+          dot4_signed(acc(m, v), v);
+        }
+      }
+    }
+  }
+
+  void load_activation(int m) {
+    vpbroadcastd(bcast(), dword[a_row(m)]);
+    if (vnni_) {
+      // a + 128 as an unsigned byte; Σ 128*w is removed in the epilogue.
+      vpxord(bcast(), bcast(), cpool(c_x80_));
+    } else if (zmm_isa()) {
+      // aux = 0xFF where a < 0; bcast = |a|.
+      vpmovb2m(k1, bcast());
+      vpmovm2b(aux(), k1);
+      vpabsb(bcast(), bcast());
+    } else {
+      vmovdqa(aux(), bcast());  // sign source for vpsignb
+      vpabsb(bcast(), bcast());
+    }
+  }
+
+  // acc += Σ_{4 k} |a| * (w * sign(a)): every pair sum is at most 2*127*127 < 2^15, so the
+  // saturating vpmaddubsw is exact.
+  void dot4_signed(const Xmm& accv, int v) {
+    const Xmm t = tmp(v);
+    const Address wm = vmem(reg_w + v * vec_bytes());
+    if (zmm_isa()) {
+      vpxord(t, aux(), wm);  // (w ^ mask) - mask == -w where mask is all ones
+      vpsubb(t, t, aux());
+    } else {
+      vmovdqu(t, wm);
+      vpsignb(t, t, aux());
+    }
+    vpmaddubsw(t, bcast(), t);
+    vpmaddwd(t, t, ones16());
+    vpaddd(accv, accv, t);
+  }
+
+  // ---- epilogue -----------------------------------------------------------------------------
+  void epilogue() {
+    mov(reg_tmp, arg(offsetof(GemmInt8Args, a_scale)));
+    lea(reg_tmp, ptr[reg_tmp + reg_row * 4]);
+    // y = (a_scale * w_scale) * float(acc)
+    const Xmm s = vreg(num_vregs() - 4);
+    const Xmm t = vreg(num_vregs() - 3);
+    for (int m = 0; m < mr_; ++m) {
+      vbroadcastss(s, dword[reg_tmp + m * 4]);
+      for (int v = 0; v < nv_; ++v) {
+        if (vnni_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + v * vec_bytes()));
+        vcvtdq2ps(acc(m, v), acc(m, v));
+        vmulps(t, s, vmem(reg_wscale + v * vec_bytes()));
+        vmulps(acc(m, v), t, acc(m, v));
+      }
+    }
+    switch (key_.epilogue) {
+      case Epilogue::store: store_rows(); break;
+      case Epilogue::siluup: siluup_rows(); break;
+      case Epilogue::accum: accum_rows(); break;
+    }
+  }
+
+  void out_row_ptr(const Reg64& dst, int m) {
+    mov(dst, arg(offsetof(GemmInt8Args, out_rows)));
+    lea(dst, ptr[dst + reg_row * 8]);
+    mov(dst, qword[dst + m * 8]);
+    add(dst, reg_col);
+  }
+
+  void store_rows() {
+    for (int m = 0; m < mr_; ++m) {
+      out_row_ptr(reg_tmp, m);
+      for (int v = 0; v < nv_; ++v) vmovups(vmem(reg_tmp + v * vec_bytes()), acc(m, v));
+    }
+  }
+
+  void accum_rows() {
+    const Xmm wgt = vreg(num_vregs() - 4);
+    const Xmm o = vreg(num_vregs() - 3);
+    mov(reg_tmp2, arg(offsetof(GemmInt8Args, row_weight)));
+    lea(reg_tmp2, ptr[reg_tmp2 + reg_row * 4]);
+    for (int m = 0; m < mr_; ++m) {
+      out_row_ptr(reg_tmp, m);
+      vbroadcastss(wgt, dword[reg_tmp2 + m * 4]);
+      for (int v = 0; v < nv_; ++v) {
+        vmovups(o, vmem(reg_tmp + v * vec_bytes()));
+        vfmadd231ps(o, wgt, acc(m, v));  // o = w * y + o
+        vmovups(vmem(reg_tmp + v * vec_bytes()), o);
+      }
+    }
+  }
+
+  // h = g / (1 + exp(-g)) * u with exp(x) = 2^i * p(f), x*log2e = i + f, i = rne.
+  void siluup_rows() {
+    const Xmm x = vreg(num_vregs() - 4);
+    const Xmm r = vreg(num_vregs() - 3);
+    const Xmm p = vreg(num_vregs() - 2);
+    const int half = nv_ / 2;
+    for (int m = 0; m < mr_; ++m) {
+      out_row_ptr(reg_tmp, m);
+      for (int v = 0; v < half; ++v) {
+        const Xmm g = acc(m, v), u = acc(m, v + half);
+        vxorps(x, g, cpool(c_sign_));
+        vminps(x, x, cpool(c_max_));
+        vmaxps(x, x, cpool(c_min_));
+        vmulps(x, x, cpool(c_log2e_));
+        if (zmm_isa())
+          vrndscaleps(r, x, 0);
+        else
+          vroundps(r, x, 0);
+        vsubps(x, x, r);  // f
+        vmovups(p, cpool(c_poly_[5]));
+        for (int c = 4; c >= 0; --c) vfmadd213ps(p, x, cpool(c_poly_[c]));  // p = p*f + c
+        vcvtps2dq(r, r);
+        vpaddd(r, r, cpool(c_bias_));
+        vpslld(r, r, 23);  // 2^i
+        vmulps(p, p, r);
+        vaddps(p, p, cpool(c_one_));
+        vdivps(g, g, p);
+        vmulps(g, g, u);
+        vmovups(vmem(reg_tmp + v * vec_bytes()), g);
+      }
+    }
+  }
+
+  void emit_constants() {
+    align(64);
+    emit_const32(c_ones16_, 0x00010001u);
+    emit_const32(c_x80_, 0x80808080u);
+    emit_const32(c_sign_, 0x80000000u);
+    emit_const32(c_max_, f32_bits(88.0f));
+    emit_const32(c_min_, f32_bits(-87.0f));
+    emit_const32(c_log2e_, f32_bits(1.44269504089f));
+    const float poly[6] = {0.9999999995f, 0.6931471805f, 0.2402265069f,
+                           0.0555041087f, 0.0096181291f, 0.0013333558f};
+    for (int i = 0; i < 6; ++i) emit_const32(c_poly_[i], f32_bits(poly[i]));
+    emit_const32(c_bias_, 127u);
+    emit_const32(c_one_, f32_bits(1.0f));
+  }
+
+  const KernelKey key_;
+  const int lanes_, nv_, mr_;
+  const bool vnni_, prefill_;
+  Label c_ones16_, c_x80_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
+};
+
+}  // namespace
+
+std::vector<uint8_t> generate_gemm_int8(const KernelKey& key) {
+  GemmInt8Generator g(key);
+  return g.bytes();
+}
+
+}  // namespace ktjit::x64

@@ -1,0 +1,476 @@
+#include "runtime/moe_layer.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+namespace ktjit {
+namespace {
+
+int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+
+float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: renormalise
+      int e = -1;
+      do {
+        ++e;
+        man <<= 1;
+      } while (!(man & 0x400));
+      u = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
+    }
+  } else if (exp == 0x1f) {
+    u = sign | 0x7f800000u | man << 13;
+  } else {
+    u = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void to_f32(const void* src, SourceDType dt, int64_t offset, int64_t n, float* dst) {
+  switch (dt) {
+    case SourceDType::f32:
+      std::memcpy(dst, static_cast<const float*>(src) + offset, size_t(n) * 4);
+      break;
+    case SourceDType::bf16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src) + offset;
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      break;
+    }
+    case SourceDType::f16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src) + offset;
+      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+SourceDType parse_source_dtype(const std::string& s) {
+  if (s == "f32" || s == "float32") return SourceDType::f32;
+  if (s == "bf16" || s == "bfloat16") return SourceDType::bf16;
+  if (s == "f16" || s == "float16") return SourceDType::f16;
+  throw std::invalid_argument("dtype: expected f32, bf16 or f16, got '" + s + "'");
+}
+
+AlignedBuffer::AlignedBuffer(size_t bytes) : n_(bytes) {
+  if (bytes == 0) return;
+  // Large buffers (packed weights) are 2 MiB aligned and advised for transparent huge pages.
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t align = bytes >= kHuge ? kHuge : 64;
+  const size_t alloc = size_t(round_up(int64_t(bytes), int64_t(align)));
+  p_ = std::aligned_alloc(align, alloc);
+  if (!p_) throw std::bad_alloc();
+  if (align == kHuge) madvise(p_, alloc, MADV_HUGEPAGE);
+}
+
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
+  std::swap(p_, o.p_);
+  std::swap(n_, o.n_);
+  return *this;
+}
+
+AlignedBuffer::~AlignedBuffer() {
+  std::free(p_);
+}
+
+// Per-forward working memory, grown on demand and reused by every later forward.
+struct MoELayer::Scratch {
+  std::vector<int64_t> count, offset, fill;
+  std::vector<int> active;
+  std::vector<int32_t> row_token;
+  std::vector<float> row_weight;
+  std::vector<int8_t> xq, aq, hq;
+  std::vector<float> xs, as, hs, h, partial;
+  std::vector<float*> h_rows, out_rows;
+  int64_t T = 0, rows = 0, lda_x = 0, h_stride = 0, lda_h = 0, p_stride = 0;
+  std::vector<std::pair<int64_t, int64_t>> gu_units;  // (expert index in active, strip)
+};
+
+MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa, int shards)
+    : shape_(shape), method_(method), isa_(isa), scratch_(std::make_unique<Scratch>()) {
+  if (shape.experts <= 0 || shape.top_k <= 0 || shape.hidden <= 0 || shape.intermediate <= 0)
+    throw std::invalid_argument(
+        "MoELayer: num_experts, top_k, hidden and intermediate must be > 0");
+  if (method != "AMXINT8" && method != "MOE_INT8")
+    throw std::invalid_argument("MoELayer: method '" + method +
+                                "' is not built; built methods: AMXINT8, MOE_INT8");
+  if (int(isa) > int(selected_isa()))
+    throw std::invalid_argument(std::string("MoELayer: isa ") + isa_name(isa) +
+                                " is above the selected level " + isa_name(selected_isa()));
+  if (isa == IsaLevel::amx) isa_ = IsaLevel::avx512_bf16;  // AMX kernels are not generated yet
+  lanes_ = vec_lanes(isa_);
+  if (shards < 1) shards = 1;
+  const int64_t units = (shape.intermediate + lanes_ - 1) / lanes_;
+  if (shards > units) shards = int(units);
+  for (int s = 0; s < shards; ++s) {
+    Int8Shard sh;
+    sh.i_begin = std::min(shape.intermediate, units * s / shards * lanes_);
+    sh.i_end = std::min(shape.intermediate, units * (s + 1) / shards * lanes_);
+    const int64_t is = sh.i_end - sh.i_begin;
+    sh.gu = formats::Int8StripLayout::make(is, shape.hidden, lanes_, kInt8StripVecs, 2);
+    sh.down = formats::Int8StripLayout::make(shape.hidden, is, lanes_, kInt8StripVecs, 1);
+    sh.expert_bytes = sh.gu.total_bytes() + sh.down.total_bytes();
+    sh.expert_cols = sh.gu.total_cols() + sh.down.total_cols();
+    shards_.push_back(std::move(sh));
+  }
+  build_kernels();
+}
+
+MoELayer::~MoELayer() = default;
+
+void MoELayer::build_kernels() {
+  auto make = [&](Int8KernelSet& ks, Epilogue epi, const formats::Int8StripLayout& layout) {
+    ks.isa = isa_;
+    ks.epilogue = epi;
+    ks.max_rows = int8_max_rows(isa_);
+    auto key = [&](KernelKind kind, int m_r, int nv) {
+      KernelKey k;
+      k.kind = kind;
+      k.isa = isa_;
+      k.format = WeightFormat::int8;
+      k.m_r = uint8_t(m_r);
+      k.n_vec = uint8_t(nv);
+      k.epilogue = epi;
+      return k;
+    };
+    const int tail = layout.tail_vecs ? layout.tail_vecs : kInt8StripVecs;
+    ks.decode_full.clear();
+    ks.decode_tail.clear();
+    for (int m = 1; m <= ks.max_rows; ++m) {
+      ks.decode_full.push_back(key(KernelKind::gemm_decode, m, kInt8StripVecs));
+      ks.decode_tail.push_back(key(KernelKind::gemm_decode, m, tail));
+    }
+    ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kInt8StripVecs);
+    ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
+    if (isa_ == IsaLevel::ref) return;
+    auto& cache = KernelCache::instance();
+    ks.decode_full_k.clear();
+    ks.decode_tail_k.clear();
+    for (auto& k : ks.decode_full) ks.decode_full_k.push_back(cache.get(k));
+    for (auto& k : ks.decode_tail) ks.decode_tail_k.push_back(cache.get(k));
+    ks.prefill_full_k = cache.get(ks.prefill_full);
+    ks.prefill_tail_k = cache.get(ks.prefill_tail);
+  };
+  // Every shard shares the kernels of shard 0's tail class; shards differ by at most one vector.
+  make(gu_kernels_, Epilogue::siluup, shards_[0].gu);
+  make(down_kernels_, Epilogue::accum, shards_[0].down);
+  for (auto& sh : shards_)
+    if (sh.gu.tail_vecs != shards_[0].gu.tail_vecs ||
+        sh.down.tail_vecs != shards_[0].down.tail_vecs)
+      throw std::logic_error("MoELayer: shards with different tail strips are not supported yet");
+}
+
+std::vector<std::string> MoELayer::kernel_names() const {
+  std::vector<std::string> names;
+  for (const Int8KernelSet* ks : {&gu_kernels_, &down_kernels_}) {
+    for (auto& k : ks->decode_full) names.push_back(k.name());
+    if (shards_[0].gu.tail_vecs || shards_[0].down.tail_vecs)
+      for (auto& k : ks->decode_tail) names.push_back(k.name());
+    names.push_back(ks->prefill_full.name());
+    names.push_back(ks->prefill_tail.name());
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+size_t MoELayer::packed_bytes() const {
+  size_t b = 0;
+  for (auto& sh : shards_) b += sh.weights.size() + sh.scales.size() + sh.comps.size();
+  return b;
+}
+
+void MoELayer::load_from_float(const void* gate, const void* up, const void* down, SourceDType dt,
+                               const int64_t* map, ThreadPool& pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
+  if (map)
+    for (int64_t p = 0; p < E; ++p)
+      if (map[p] < 0 || map[p] >= E)
+        throw std::invalid_argument("physical_to_logical_map[" + std::to_string(p) +
+                                    "]: expected a value in [0, " + std::to_string(E) + "), got " +
+                                    std::to_string(map[p]));
+  for (auto& sh : shards_) {
+    sh.weights = AlignedBuffer(size_t(E * sh.expert_bytes));
+    sh.scales = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
+    sh.comps = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
+  }
+  pool.run([&](int tid, int nt) {
+    int64_t e0, e1;
+    split_range(E, tid, nt, &e0, &e1);
+    std::vector<float> row(size_t(std::max(H, I)));
+    for (auto& sh : shards_) {
+      const int64_t is = sh.i_end - sh.i_begin;
+      std::vector<int8_t> qg(size_t(is * H)), qu(size_t(is * H)), qd(size_t(H * is));
+      std::vector<float> dg(static_cast<size_t>(is)), du(static_cast<size_t>(is)),
+          dd(static_cast<size_t>(H));
+      for (int64_t p = e0; p < e1; ++p) {
+        const int64_t e = map ? map[p] : p;
+        for (int64_t i = 0; i < is; ++i) {
+          to_f32(gate, dt, (e * I + sh.i_begin + i) * H, H, row.data());
+          dg[size_t(i)] = formats::quantize_row_int8(row.data(), H, qg.data() + i * H);
+          to_f32(up, dt, (e * I + sh.i_begin + i) * H, H, row.data());
+          du[size_t(i)] = formats::quantize_row_int8(row.data(), H, qu.data() + i * H);
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          to_f32(down, dt, (e * H + h) * I + sh.i_begin, is, row.data());
+          dd[size_t(h)] = formats::quantize_row_int8(row.data(), is, qd.data() + h * is);
+        }
+        int8_t* wb = sh.weights.as<int8_t>() + p * sh.expert_bytes;
+        float* sb = sh.scales.as<float>() + p * sh.expert_cols;
+        int32_t* cb = sh.comps.as<int32_t>() + p * sh.expert_cols;
+        const int8_t* gu_q[2] = {qg.data(), qu.data()};
+        const float* gu_d[2] = {dg.data(), du.data()};
+        formats::pack_int8_strips(sh.gu, gu_q, gu_d, wb, sb, cb);
+        const int8_t* d_q[1] = {qd.data()};
+        const float* d_d[1] = {dd.data()};
+        formats::pack_int8_strips(sh.down, d_q, d_d, wb + sh.gu.total_bytes(),
+                                  sb + sh.gu.total_cols(), cb + sh.gu.total_cols());
+      }
+    }
+  });
+  loaded_ = true;
+}
+
+void MoELayer::run_gemm(const Int8KernelSet& ks, const formats::Int8StripLayout& layout,
+                        bool reference, const int8_t* w, const float* scale, const int32_t* comp,
+                        int64_t strip_begin, int64_t strip_end, const int8_t* a, int64_t lda,
+                        const float* a_scale, int64_t rows, float* const* out_rows,
+                        int64_t out_col0, const float* row_weight) const {
+  const int full_cols = layout.strip_cols(layout.strip_vecs);
+  const int out_full = int8_strip_out_cols(isa_, layout.strip_vecs, ks.epilogue);
+  auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
+                  int64_t m_blocks) {
+    GemmInt8Args args;
+    args.a = a + row0 * lda;
+    args.lda = lda;
+    args.w = w + layout.strip_offset(s0);
+    args.n_strips = ns;
+    args.k4 = layout.k4;
+    args.a_scale = a_scale + row0;
+    args.w_scale = scale + s0 * full_cols;
+    args.w_comp = comp + s0 * full_cols;
+    args.out_rows = out_rows + row0;
+    args.out_col = out_col0 + s0 * out_full;
+    args.row_weight = row_weight ? row_weight + row0 : nullptr;
+    args.m_blocks = m_blocks;
+    if (reference || !k)
+      gemm_int8_ref(key, args);
+    else
+      reinterpret_cast<GemmInt8Fn>(const_cast<void*>(k->entry()))(&args);
+  };
+  const bool ref = reference || isa_ == IsaLevel::ref;
+  auto pick = [&](const std::vector<KernelKey>& keys, const std::vector<const Kernel*>& ks_,
+                  int m) {
+    return std::make_pair(keys[size_t(m - 1)], ref ? nullptr : ks_[size_t(m - 1)]);
+  };
+  // Full strips first, then the tail strip, each with prefill blocks and a decode remainder.
+  for (int part = 0; part < 2; ++part) {
+    const bool tail = part == 1;
+    const int64_t s0 = tail ? layout.full_strips : strip_begin;
+    const int64_t s1 = tail ? layout.full_strips + 1 : std::min(strip_end, layout.full_strips);
+    if (tail && (layout.tail_vecs == 0 || strip_end <= layout.full_strips)) continue;
+    if (s1 <= s0) continue;
+    const int max_rows = ks.max_rows;
+    int64_t row = 0;
+    if (rows > max_rows) {
+      const int64_t blocks = rows / max_rows;
+      call(tail ? ks.prefill_tail : ks.prefill_full,
+           ref ? nullptr : (tail ? ks.prefill_tail_k : ks.prefill_full_k), s0, s1 - s0, 0, blocks);
+      row = blocks * max_rows;
+    }
+    if (rows > row) {
+      auto [key, k] = tail ? pick(ks.decode_tail, ks.decode_tail_k, int(rows - row))
+                           : pick(ks.decode_full, ks.decode_full_k, int(rows - row));
+      call(key, k, s0, s1 - s0, row, 1);
+    }
+  }
+}
+
+void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const float* w,
+                       const bool* mask, float* out, ThreadPool& pool, bool reference) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!loaded_) throw std::runtime_error("MoELayer.forward: weights are not loaded");
+  if (T <= 0) return;
+  const int64_t E = shape_.experts, K = shape_.top_k, H = shape_.hidden;
+  Scratch& s = *scratch_;
+  // Route: tokens per expert, rows grouped by expert in token order.
+  s.count.assign(size_t(E), 0);
+  for (int64_t i = 0; i < T * K; ++i) {
+    const int64_t e = ids[i];
+    if (e >= 0 && e < E && !(mask && mask[e])) ++s.count[size_t(e)];
+  }
+  s.active.clear();
+  s.offset.assign(size_t(E), 0);
+  int64_t rows = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    s.offset[size_t(e)] = rows;
+    if (s.count[size_t(e)]) s.active.push_back(int(e));
+    rows += s.count[size_t(e)];
+  }
+  s.fill = s.offset;
+  s.row_token.resize(size_t(rows));
+  s.row_weight.resize(size_t(rows));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t e = ids[t * K + j];
+      if (e < 0 || e >= E || (mask && mask[e])) continue;
+      const int64_t r = s.fill[size_t(e)]++;
+      s.row_token[size_t(r)] = int32_t(t);
+      s.row_weight[size_t(r)] = w[t * K + j];
+    }
+  s.T = T;
+  s.rows = rows;
+  s.lda_x = round_up(H, 64);
+  s.p_stride = round_up(H, lanes_);
+  s.xq.resize(size_t(T * s.lda_x));
+  s.xs.resize(size_t(T));
+  s.aq.resize(size_t(std::max<int64_t>(rows, 1) * s.lda_x));
+  s.as.resize(size_t(std::max<int64_t>(rows, 1)));
+  s.partial.resize(size_t(T * s.p_stride * int64_t(shards_.size())));
+  s.out_rows.resize(size_t(std::max<int64_t>(rows, 1)));
+
+  // Phase 1: quantize each token once; clear the shard partials.
+  pool.run([&](int tid, int nt) {
+    int64_t t0, t1;
+    split_range(T, tid, nt, &t0, &t1);
+    for (int64_t t = t0; t < t1; ++t) {
+      int8_t* q = s.xq.data() + t * s.lda_x;
+      s.xs[size_t(t)] = formats::quantize_row_int8(x + t * H, H, q);
+      std::memset(q + H, 0, size_t(s.lda_x - H));
+      std::memset(s.partial.data() + t * s.p_stride * int64_t(shards_.size()), 0,
+                  size_t(s.p_stride * int64_t(shards_.size())) * 4);
+    }
+  });
+  if (rows == 0) {
+    std::memset(out, 0, size_t(T * H) * 4);
+    return;
+  }
+  // Phase 2: gather each expert's rows so its tile reads them at a fixed stride.
+  pool.run([&](int tid, int nt) {
+    int64_t r0, r1;
+    split_range(rows, tid, nt, &r0, &r1);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = s.row_token[size_t(r)];
+      std::memcpy(s.aq.data() + r * s.lda_x, s.xq.data() + t * s.lda_x, size_t(s.lda_x));
+      s.as[size_t(r)] = s.xs[size_t(t)];
+    }
+  });
+  for (size_t si = 0; si < shards_.size(); ++si) {
+    for (int64_t r = 0; r < rows; ++r)
+      s.out_rows[size_t(r)] =
+          s.partial.data() +
+          (int64_t(s.row_token[size_t(r)]) * int64_t(shards_.size()) + int64_t(si)) * s.p_stride;
+    forward_shard(shards_[si], s, reference, pool);
+  }
+  // Last phase: sum the shard partials in shard order into the output.
+  const int64_t S = int64_t(shards_.size());
+  pool.run([&](int tid, int nt) {
+    int64_t t0, t1;
+    split_range(T, tid, nt, &t0, &t1);
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* p = s.partial.data() + t * S * s.p_stride;
+      float* o = out + t * H;
+      std::memcpy(o, p, size_t(H) * 4);
+      for (int64_t si = 1; si < S; ++si)
+        for (int64_t h = 0; h < H; ++h) o[h] += p[si * s.p_stride + h];
+    }
+  });
+}
+
+void MoELayer::forward_shard(const Int8Shard& sh, Scratch& s, bool reference, ThreadPool& pool) {
+  const int64_t is = sh.i_end - sh.i_begin;
+  const int64_t rows = s.rows;
+  s.h_stride = round_up(std::max<int64_t>(is, 1), lanes_);
+  s.lda_h = round_up(std::max<int64_t>(is, 1), 64);
+  s.h.resize(size_t(rows * s.h_stride));
+  s.hq.resize(size_t(rows * s.lda_h));
+  s.hs.resize(size_t(rows));
+  s.h_rows.resize(size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) s.h_rows[size_t(r)] = s.h.data() + r * s.h_stride;
+
+  const int64_t gu_strips = sh.gu.full_strips + (sh.gu.tail_vecs ? 1 : 0);
+  const int64_t down_strips = sh.down.full_strips + (sh.down.tail_vecs ? 1 : 0);
+  // Gate/up work units (expert, strip), split into contiguous runs of about equal cost so each
+  // thread streams one region of weights. Cost ~ bytes read + multiply work.
+  const int64_t na = int64_t(s.active.size());
+  std::vector<int64_t> cost_prefix(size_t(na * gu_strips + 1), 0);
+  for (int64_t ai = 0; ai < na; ++ai) {
+    const int64_t m = s.count[size_t(s.active[size_t(ai)])];
+    for (int64_t st = 0; st < gu_strips; ++st) {
+      const int64_t c = (st < sh.gu.full_strips ? sh.gu.strip_vecs : sh.gu.tail_vecs) * (m + 4);
+      cost_prefix[size_t(ai * gu_strips + st + 1)] = cost_prefix[size_t(ai * gu_strips + st)] + c;
+    }
+  }
+  const int64_t total_cost = cost_prefix.back();
+
+  // Phase 3: gate+up with the SiLU*up epilogue into h.
+  pool.run([&](int tid, int nt) {
+    const int64_t c0 = total_cost * tid / nt, c1 = total_cost * (tid + 1) / nt;
+    const int64_t u0 =
+        std::lower_bound(cost_prefix.begin(), cost_prefix.end(), c0) - cost_prefix.begin();
+    const int64_t u1 =
+        std::lower_bound(cost_prefix.begin(), cost_prefix.end(), c1) - cost_prefix.begin();
+    int64_t u = u0;
+    while (u < u1) {
+      const int64_t ai = u / gu_strips, st0 = u % gu_strips;
+      const int64_t st1 = std::min(gu_strips, st0 + (u1 - u));
+      const int64_t e = s.active[size_t(ai)];
+      const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
+      const int64_t p = e;
+      run_gemm(gu_kernels_, sh.gu, reference, sh.weights.as<int8_t>() + p * sh.expert_bytes,
+               sh.scales.as<float>() + p * sh.expert_cols,
+               sh.comps.as<int32_t>() + p * sh.expert_cols, st0, st1, s.aq.data() + row0 * s.lda_x,
+               s.lda_x, s.as.data() + row0, m, s.h_rows.data() + row0, 0, nullptr);
+      u += st1 - st0;
+    }
+  });
+  // Phase 4: quantize the intermediate of every (expert, token) row over this shard's slice.
+  pool.run([&](int tid, int nt) {
+    int64_t r0, r1;
+    split_range(rows, tid, nt, &r0, &r1);
+    for (int64_t r = r0; r < r1; ++r) {
+      int8_t* q = s.hq.data() + r * s.lda_h;
+      s.hs[size_t(r)] = formats::quantize_row_int8(s.h.data() + r * s.h_stride, is, q);
+      std::memset(q + is, 0, size_t(s.lda_h - is));
+    }
+  });
+  // Phase 5: down projection; each thread owns a run of output strips and adds the experts
+  // into them in ascending expert order, so the sum order never depends on the thread count.
+  pool.run([&](int tid, int nt) {
+    int64_t st0, st1;
+    split_range(down_strips, tid, nt, &st0, &st1);
+    if (st0 >= st1) return;
+    for (int e : s.active) {
+      const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
+      run_gemm(down_kernels_, sh.down, reference,
+               sh.weights.as<int8_t>() + int64_t(e) * sh.expert_bytes + sh.gu.total_bytes(),
+               sh.scales.as<float>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(),
+               sh.comps.as<int32_t>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(), st0, st1,
+               s.hq.data() + row0 * s.lda_h, s.lda_h, s.hs.data() + row0, m,
+               s.out_rows.data() + row0, 0, s.row_weight.data() + row0);
+    }
+  });
+}
+
+}  // namespace ktjit

@@ -1,0 +1,113 @@
+// One MoE layer on the CPU: packed weights per shard, the kernels chosen for them, and the
+// forward executor (route -> quantize once per token -> gate+up with SiLU*up -> quantize ->
+// down with routing-weight accumulate -> shards summed in a fixed order).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "formats/int8.hpp"
+#include "jit/cpu/cpu.hpp"
+#include "jit/gemm_int8.hpp"
+#include "jit/kernel.hpp"
+#include "runtime/thread_pool.hpp"
+
+namespace ktjit {
+
+enum class SourceDType { f32, bf16, f16 };
+SourceDType parse_source_dtype(const std::string& s);
+
+struct MoEShape {
+  int64_t experts = 0, top_k = 0, hidden = 0, intermediate = 0;
+};
+
+// 64-byte aligned, huge-page advised buffer.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t bytes);
+  AlignedBuffer(AlignedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept;
+  ~AlignedBuffer();
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t size() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Kernels of one matrix kind (gate/up or down) at one ISA: decode kernels for m_r = 1..max rows,
+// a prefill kernel at max rows, each for full and tail strips.
+struct Int8KernelSet {
+  IsaLevel isa = IsaLevel::ref;
+  Epilogue epilogue = Epilogue::store;
+  int max_rows = 1;
+  std::vector<KernelKey> decode_full, decode_tail;  // index m_r - 1
+  KernelKey prefill_full, prefill_tail;
+  std::vector<const Kernel*> decode_full_k, decode_tail_k;
+  const Kernel* prefill_full_k = nullptr;
+  const Kernel* prefill_tail_k = nullptr;
+};
+
+// A slice [i_begin, i_end) of the intermediate dimension of every expert (the unit a NUMA pool
+// owns). Gate/up of one expert are packed together, down follows; experts are back to back.
+struct Int8Shard {
+  int64_t i_begin = 0, i_end = 0;
+  formats::Int8StripLayout gu, down;
+  AlignedBuffer weights;  // per expert: gu bytes then down bytes
+  AlignedBuffer scales;   // per expert: gu cols then down cols (float)
+  AlignedBuffer comps;    // per expert: gu cols then down cols (int32)
+  int64_t expert_bytes = 0, expert_cols = 0;
+};
+
+class MoELayer {
+ public:
+  // method: "AMXINT8" or "MOE_INT8". isa: a level to run at (<= selected_isa()).
+  MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa, int shards = 1);
+  ~MoELayer();
+
+  // gate/up [E, I, H], down [E, H, I] in `dtype`; map[p] = logical expert held by slot p (or null).
+  void load_from_float(const void* gate, const void* up, const void* down, SourceDType dtype,
+                       const int64_t* map, ThreadPool& pool);
+  bool loaded() const { return loaded_; }
+
+  // x fp32 [T, H]; ids int64 [T, K]; w fp32 [T, K]; mask bool [E] or null; out fp32 [T, H].
+  void forward(int64_t T, const float* x, const int64_t* ids, const float* w, const bool* mask,
+               float* out, ThreadPool& pool, bool reference = false);
+
+  IsaLevel isa() const { return isa_; }
+  const MoEShape& shape() const { return shape_; }
+  std::vector<std::string> kernel_names() const;
+  size_t packed_bytes() const;
+
+ private:
+  struct Scratch;
+  void build_kernels();
+  void run_gemm(const Int8KernelSet& ks, const formats::Int8StripLayout& layout, bool reference,
+                const int8_t* w, const float* scale, const int32_t* comp, int64_t strip_begin,
+                int64_t strip_end, const int8_t* a, int64_t lda, const float* a_scale, int64_t rows,
+                float* const* out_rows, int64_t out_col0, const float* row_weight) const;
+  void forward_shard(const Int8Shard& sh, Scratch& s, bool reference, ThreadPool& pool);
+
+  MoEShape shape_;
+  std::string method_;
+  IsaLevel isa_;
+  int lanes_;
+  std::vector<Int8Shard> shards_;
+  Int8KernelSet gu_kernels_, down_kernels_;
+  bool loaded_ = false;
+  std::unique_ptr<Scratch> scratch_;
+  std::mutex mu_;
+};
+
+}  // namespace ktjit

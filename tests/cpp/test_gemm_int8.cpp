@@ -1,0 +1,220 @@
+// Kernel sweep: every generated INT8 kernel at every ISA level this machine runs, over tail-heavy
+// shapes, against the reference kernel (bit for bit) and the reference against plain int64 math.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "formats/int8.hpp"
+#include "jit/gemm_int8.hpp"
+#include "jit/kernel.hpp"
+#include "test_util.hpp"
+
+namespace ktjit {
+namespace {
+
+struct Problem {
+  IsaLevel isa;
+  Epilogue epi;
+  int64_t M, N, K;
+  uint32_t seed;
+  std::string repro() const {
+    std::ostringstream s;
+    s << "repro: KT_JIT_ISA=" << isa_name(isa) << " epi=" << int(epi) << " M=" << M << " N=" << N
+      << " K=" << K << " seed=" << seed;
+    return s.str();
+  }
+};
+
+struct Packed {
+  formats::Int8StripLayout layout;
+  std::vector<int8_t> w;
+  std::vector<float> scale;
+  std::vector<int32_t> comp;
+  std::vector<std::vector<int8_t>> q;  // per source, N x K
+  std::vector<std::vector<float>> d;
+};
+
+Packed make_weights(const Problem& p) {
+  Packed pk;
+  const int sources = p.epi == Epilogue::siluup ? 2 : 1;
+  pk.layout = formats::Int8StripLayout::make(p.N, p.K, vec_lanes(p.isa), kInt8StripVecs, sources);
+  std::mt19937 rng(p.seed);
+  std::uniform_int_distribution<int> qd(-127, 127);
+  std::uniform_real_distribution<float> sd(0.001f, 0.02f);
+  for (int s = 0; s < sources; ++s) {
+    pk.q.emplace_back(size_t(p.N * p.K));
+    pk.d.emplace_back(size_t(p.N));
+    for (auto& x : pk.q.back()) x = int8_t(qd(rng));
+    for (auto& x : pk.d.back()) x = sd(rng);
+  }
+  pk.w.resize(size_t(pk.layout.total_bytes()));
+  pk.scale.resize(size_t(pk.layout.total_cols()));
+  pk.comp.resize(size_t(pk.layout.total_cols()));
+  const int8_t* qs[2] = {pk.q[0].data(), pk.q.back().data()};
+  const float* ds[2] = {pk.d[0].data(), pk.d.back().data()};
+  formats::pack_int8_strips(pk.layout, qs, ds, pk.w.data(), pk.scale.data(), pk.comp.data());
+  return pk;
+}
+
+KernelKey key_for(IsaLevel isa, KernelKind kind, int m_r, int n_vec, Epilogue epi) {
+  KernelKey k;
+  k.kind = kind;
+  k.isa = isa;
+  k.format = WeightFormat::int8;
+  k.m_r = uint8_t(m_r);
+  k.n_vec = uint8_t(n_vec);
+  k.epilogue = epi;
+  return k;
+}
+
+// Runs all M rows over all strips the way the executor does: prefill blocks + a decode remainder,
+// full strips then the tail strip. `use_ref` swaps every kernel for its reference twin.
+void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, int64_t lda,
+             const std::vector<float>& as, std::vector<float*>& out_rows,
+             const std::vector<float>& rw, bool use_ref, std::vector<std::string>* names) {
+  const auto& l = pk.layout;
+  const int max_rows = int8_max_rows(p.isa);
+  const int full_cols = l.strip_cols(l.strip_vecs);
+  const int out_full = int8_strip_out_cols(p.isa, l.strip_vecs, p.epi);
+  auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
+                  int64_t blocks) {
+    KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi);
+    GemmInt8Args args{};
+    args.a = a.data() + row0 * lda;
+    args.lda = lda;
+    args.w = pk.w.data() + l.strip_offset(s0);
+    args.n_strips = ns;
+    args.k4 = l.k4;
+    args.a_scale = as.data() + row0;
+    args.w_scale = pk.scale.data() + s0 * full_cols;
+    args.w_comp = pk.comp.data() + s0 * full_cols;
+    args.out_rows = out_rows.data() + row0;
+    args.out_col = s0 * out_full;
+    args.row_weight = rw.data() + row0;
+    args.m_blocks = blocks;
+    if (use_ref) {
+      gemm_int8_ref(key, args);
+    } else {
+      const Kernel* k = KernelCache::instance().get(key);
+      ASSERT_NE(k, nullptr) << key.name();
+      if (names) names->push_back(k->name);
+      reinterpret_cast<GemmInt8Fn>(const_cast<void*>(k->entry()))(&args);
+    }
+  };
+  for (int part = 0; part < 2; ++part) {
+    const int64_t s0 = part ? l.full_strips : 0;
+    const int64_t ns = part ? (l.tail_vecs ? 1 : 0) : l.full_strips;
+    const int nv = part ? l.tail_vecs : l.strip_vecs;
+    if (ns == 0) continue;
+    int64_t row = 0;
+    if (p.M > max_rows) {
+      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, 0, p.M / max_rows);
+      row = p.M / max_rows * max_rows;
+    }
+    if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
+  }
+}
+
+struct Outputs {
+  std::vector<float> buf;
+  std::vector<float*> rows;
+  int64_t stride;
+};
+
+Outputs make_outputs(int64_t M, int64_t stride, uint32_t seed) {
+  Outputs o;
+  o.stride = stride;
+  o.buf = test::random_floats(size_t(M * stride), seed, 0.5f);
+  // Rows in a scrambled order, as the down epilogue scatters to tokens.
+  for (int64_t m = 0; m < M; ++m) o.rows.push_back(o.buf.data() + ((m * 7) % M) * stride);
+  return o;
+}
+
+void check_problem(const Problem& p, std::vector<std::string>* names) {
+  Packed pk = make_weights(p);
+  const int64_t lda = pk.layout.padded_k() + 8;
+  std::mt19937 rng(p.seed + 1);
+  std::uniform_int_distribution<int> qd(-127, 127);
+  std::vector<int8_t> a(size_t(p.M * lda), 0);
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t k = 0; k < p.K; ++k) a[size_t(m * lda + k)] = int8_t(qd(rng));
+  std::vector<float> as = test::random_floats(size_t(p.M), p.seed + 2, 0.01f);
+  for (auto& x : as) x = std::fabs(x) + 1e-3f;
+  std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
+  const int64_t stride = pk.layout.total_cols() + 16;
+  Outputs jit = make_outputs(p.M, stride, p.seed + 4), ref = make_outputs(p.M, stride, p.seed + 4);
+  run_all(p, pk, a, lda, as, jit.rows, rw, false, names);
+  run_all(p, pk, a, lda, as, ref.rows, rw, true, nullptr);
+  ASSERT_EQ(0, std::memcmp(jit.buf.data(), ref.buf.data(), jit.buf.size() * 4)) << p.repro();
+
+  // The reference itself against direct int64 math on the unpacked operands.
+  if (p.epi == Epilogue::store) {
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t n = 0; n < p.N; ++n) {
+        int64_t acc = 0;
+        for (int64_t k = 0; k < p.K; ++k)
+          acc += int64_t(a[size_t(m * lda + k)]) * pk.q[0][size_t(n * p.K + k)];
+        const float want = (as[size_t(m)] * pk.d[0][size_t(n)]) * float(acc);
+        ASSERT_EQ(want, ref.rows[size_t(m)][n]) << p.repro() << " m=" << m << " n=" << n;
+      }
+  }
+}
+
+TEST(GemmInt8, SweepMatchesReferenceBitwise) {
+  const int64_t Ms[] = {1, 2, 3, 5, 17, 64};
+  const int64_t Ns[] = {1, 7, 16, 24, 40, 64, 100};
+  const int64_t Ks[] = {1, 5, 64, 130};
+  uint32_t seed = 1;
+  size_t checked = 0;
+  for (IsaLevel isa : test::runnable_levels()) {
+    std::vector<std::string> names;
+    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+      for (int64_t M : Ms)
+        for (int64_t N : Ns)
+          for (int64_t K : Ks) {
+            check_problem({isa, epi, M, N, K, seed++}, &names);
+            if (HasFatalFailure()) return;
+            ++checked;
+          }
+    // Every kernel shape the sweep used was generated at this level.
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    EXPECT_GE(names.size(), 20u) << isa_name(isa);
+  }
+  EXPECT_GT(checked, 0u);
+}
+
+TEST(GemmInt8, SiluEpilogueMatchesMathToFp32Accuracy) {
+  // The polynomial exp is an approximation: keep it within a few ulp-scale of std::exp so the
+  // epilogue's SiLU is a faithful SiLU.
+  for (float g = -30.0f; g <= 30.0f; g += 0.173f) {
+    const float want = g / (1.0f + std::exp(-g));
+    const float got = silu_mul_ref(g, 1.0f);
+    EXPECT_NEAR(got, want, 1e-5f * std::fabs(want) + 1e-30f) << "g=" << g;
+  }
+}
+
+TEST(GemmInt8, RefusesImpossibleKeys) {
+  EXPECT_THROW(KernelCache::generate_only(
+                   key_for(IsaLevel::avx2, KernelKind::gemm_decode, 4, 4, Epilogue::store)),
+               std::invalid_argument);  // avx2 holds 3 rows of 4 vectors
+  EXPECT_THROW(KernelCache::generate_only(
+                   key_for(IsaLevel::avx512_vnni, KernelKind::gemm_decode, 1, 3, Epilogue::siluup)),
+               std::invalid_argument);  // siluup needs gate and up halves
+}
+
+TEST(GemmInt8, GeneratesForLevelsThisCpuLacks) {
+  // Generation never executes the code, so every x86 level can be generated anywhere.
+  for (IsaLevel isa :
+       {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni, IsaLevel::avx512_bf16}) {
+    auto k = KernelCache::generate_only(
+        key_for(isa, KernelKind::gemm_prefill, int8_max_rows(isa), 4, Epilogue::siluup));
+    EXPECT_GT(k->code.size(), 100u) << k->name;
+    EXPECT_NE(k->name.find(isa_tag(isa)), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace ktjit
