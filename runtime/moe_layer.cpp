@@ -138,59 +138,72 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
 
 MoELayer::~MoELayer() = default;
 
-void MoELayer::build_kernels() {
-  auto make = [&](Int8KernelSet& ks, Epilogue epi, const formats::Int8StripLayout& layout) {
-    ks.isa = isa_;
-    ks.epilogue = epi;
-    ks.max_rows = int8_max_rows(isa_);
-    auto key = [&](KernelKind kind, int m_r, int nv) {
-      KernelKey k;
-      k.kind = kind;
-      k.isa = isa_;
-      k.format = WeightFormat::int8;
-      k.m_r = uint8_t(m_r);
-      k.n_vec = uint8_t(nv);
-      k.epilogue = epi;
-      return k;
-    };
-    const int tail = layout.tail_vecs ? layout.tail_vecs : kInt8StripVecs;
-    ks.decode_full.clear();
-    ks.decode_tail.clear();
-    for (int m = 1; m <= ks.max_rows; ++m) {
-      ks.decode_full.push_back(key(KernelKind::gemm_decode, m, kInt8StripVecs));
-      ks.decode_tail.push_back(key(KernelKind::gemm_decode, m, tail));
-    }
-    ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kInt8StripVecs);
-    ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
-    if (isa_ == IsaLevel::ref) return;
-    auto& cache = KernelCache::instance();
-    ks.decode_full_k.clear();
-    ks.decode_tail_k.clear();
-    for (auto& k : ks.decode_full) ks.decode_full_k.push_back(cache.get(k));
-    for (auto& k : ks.decode_tail) ks.decode_tail_k.push_back(cache.get(k));
-    ks.prefill_full_k = cache.get(ks.prefill_full);
-    ks.prefill_tail_k = cache.get(ks.prefill_tail);
+Int8KernelSet make_int8_kernel_set(IsaLevel isa, Epilogue epi, int tail_vecs) {
+  Int8KernelSet ks;
+  ks.isa = isa;
+  ks.epilogue = epi;
+  ks.max_rows = int8_max_rows(isa);
+  auto key = [&](KernelKind kind, int m_r, int nv) {
+    KernelKey k;
+    k.kind = kind;
+    k.isa = isa;
+    k.format = WeightFormat::int8;
+    k.m_r = uint8_t(m_r);
+    k.n_vec = uint8_t(nv);
+    k.epilogue = epi;
+    return k;
   };
-  // Every shard shares the kernels of shard 0's tail class; shards differ by at most one vector.
-  make(gu_kernels_, Epilogue::siluup, shards_[0].gu);
-  make(down_kernels_, Epilogue::accum, shards_[0].down);
+  const int tail = tail_vecs ? tail_vecs : kInt8StripVecs;
+  for (int m = 1; m <= ks.max_rows; ++m) {
+    ks.decode_full.push_back(key(KernelKind::gemm_decode, m, kInt8StripVecs));
+    ks.decode_tail.push_back(key(KernelKind::gemm_decode, m, tail));
+  }
+  ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kInt8StripVecs);
+  ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
+  return ks;
+}
+
+std::vector<KernelKey> Int8KernelSet::keys() const {
+  std::vector<KernelKey> k = decode_full;
+  k.insert(k.end(), decode_tail.begin(), decode_tail.end());
+  k.push_back(prefill_full);
+  k.push_back(prefill_tail);
+  std::vector<KernelKey> unique;
+  for (auto& x : k)
+    if (std::find(unique.begin(), unique.end(), x) == unique.end()) unique.push_back(x);
+  return unique;
+}
+
+std::vector<KernelKey> int8_moe_kernel_keys(const MoEShape& shape, IsaLevel isa) {
+  const int lanes = vec_lanes(isa);
+  auto gu = formats::Int8StripLayout::make(shape.intermediate, shape.hidden, lanes, kInt8StripVecs, 2);
+  auto down = formats::Int8StripLayout::make(shape.hidden, shape.intermediate, lanes, kInt8StripVecs, 1);
+  std::vector<KernelKey> keys = make_int8_kernel_set(isa, Epilogue::siluup, gu.tail_vecs).keys();
+  for (auto& k : make_int8_kernel_set(isa, Epilogue::accum, down.tail_vecs).keys()) keys.push_back(k);
+  return keys;
+}
+
+void MoELayer::build_kernels() {
   for (auto& sh : shards_)
     if (sh.gu.tail_vecs != shards_[0].gu.tail_vecs ||
         sh.down.tail_vecs != shards_[0].down.tail_vecs)
       throw std::logic_error("MoELayer: shards with different tail strips are not supported yet");
+  gu_kernels_ = make_int8_kernel_set(isa_, Epilogue::siluup, shards_[0].gu.tail_vecs);
+  down_kernels_ = make_int8_kernel_set(isa_, Epilogue::accum, shards_[0].down.tail_vecs);
+  if (isa_ == IsaLevel::ref) return;
+  auto& cache = KernelCache::instance();
+  for (Int8KernelSet* ks : {&gu_kernels_, &down_kernels_}) {
+    for (auto& k : ks->decode_full) ks->decode_full_k.push_back(cache.get(k));
+    for (auto& k : ks->decode_tail) ks->decode_tail_k.push_back(cache.get(k));
+    ks->prefill_full_k = cache.get(ks->prefill_full);
+    ks->prefill_tail_k = cache.get(ks->prefill_tail);
+  }
 }
 
 std::vector<std::string> MoELayer::kernel_names() const {
   std::vector<std::string> names;
-  for (const Int8KernelSet* ks : {&gu_kernels_, &down_kernels_}) {
-    for (auto& k : ks->decode_full) names.push_back(k.name());
-    if (shards_[0].gu.tail_vecs || shards_[0].down.tail_vecs)
-      for (auto& k : ks->decode_tail) names.push_back(k.name());
-    names.push_back(ks->prefill_full.name());
-    names.push_back(ks->prefill_tail.name());
-  }
-  std::sort(names.begin(), names.end());
-  names.erase(std::unique(names.begin(), names.end()), names.end());
+  for (const Int8KernelSet* ks : {&gu_kernels_, &down_kernels_})
+    for (auto& k : ks->keys()) names.push_back(k.name());
   return names;
 }
 

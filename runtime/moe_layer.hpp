@@ -57,7 +57,12 @@ struct Int8KernelSet {
   std::vector<const Kernel*> decode_full_k, decode_tail_k;
   const Kernel* prefill_full_k = nullptr;
   const Kernel* prefill_tail_k = nullptr;
+  std::vector<KernelKey> keys() const;  // distinct keys, decode first
 };
+
+// The kernel keys (not yet generated) an INT8 layer of this shape uses at `isa`.
+Int8KernelSet make_int8_kernel_set(IsaLevel isa, Epilogue epi, int tail_vecs);
+std::vector<KernelKey> int8_moe_kernel_keys(const MoEShape& shape, IsaLevel isa);
 
 // A slice [i_begin, i_end) of the intermediate dimension of every expert (the unit a NUMA pool
 // owns). Gate/up of one expert are packed together, down follows; experts are back to back.
