@@ -6,16 +6,32 @@
 namespace ktjit::formats {
 
 float quantize_row_int8(const float* x, int64_t k, int8_t* q) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < k; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  // amax over |x| in the integer domain: for non-negative floats the bit patterns order like the
+  // values, and an integer max loop vectorizes with the baseline SSE2 the core is built for.
+  uint32_t amax_bits = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    b &= 0x7fffffffu;
+    amax_bits = b > amax_bits ? b : amax_bits;
+  }
+  float amax;
+  std::memcpy(&amax, &amax_bits, 4);
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  // Adding and removing 1.5 * 2^23 rounds half to even for |v| < 2^22 (here |v| <= 127.5).
+  constexpr float kRound = 12582912.0f;
   for (int64_t i = 0; i < k; ++i) {
-    float v = std::nearbyint(x[i] * id);  // round half to even under the default rounding mode
-    v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-    q[i] = int8_t(v);
+    float v = (x[i] * id + kRound) - kRound;
+    v = v > 127.0f ? 127.0f : v;
+    v = v < -127.0f ? -127.0f : v;
+    q[i] = int8_t(int32_t(v));
   }
   return d;
+}
+
+void flip_sign_bits(int8_t* q, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) q[i] = int8_t(uint8_t(q[i]) ^ 0x80u);
 }
 
 Int8StripLayout Int8StripLayout::make(int64_t n, int64_t k, int lanes, int strip_vecs,

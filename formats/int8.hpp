@@ -13,6 +13,9 @@ namespace ktjit::formats {
 // row).
 float quantize_row_int8(const float* x, int64_t k, int8_t* q);
 
+// XOR 0x80 on every byte: int8 a <-> unsigned a + 128 (the activation form VNNI kernels take).
+void flip_sign_bits(int8_t* q, int64_t n);
+
 // Packed strip layout of one weight matrix for the INT8 GEMM kernels.
 // Columns are grouped in strips of `strip_vecs` vectors of `lanes` columns; inside a strip the
 // bytes are [k4][column][4 consecutive k] (VNNI order) so one K step of a strip is one contiguous

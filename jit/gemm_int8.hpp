@@ -18,14 +18,14 @@ namespace ktjit {
 
 // Passed by pointer to every generated INT8 GEMM kernel (offsets are part of the ABI).
 struct GemmInt8Args {
-  const int8_t* a;          // activations: row m at a + m*lda, k4*4 bytes, zero padded
-  int64_t lda;              // bytes
-  const int8_t* w;          // first packed strip
-  int64_t n_strips;         // strips of this kernel's width to process
-  int64_t k4;               // K/4, K padded to a multiple of 4
-  const float* a_scale;     // per row
-  const float* w_scale;     // per packed column of the first strip onwards
-  const int32_t* w_comp;    // per packed column: 128 * Σ_k w (VNNI's unsigned-activation offset)
+  const int8_t* a;        // activations: row m at a + m*lda, k4*4 bytes; see int8_activation_offset
+  int64_t lda;            // bytes
+  const int8_t* w;        // first packed strip
+  int64_t n_strips;       // strips of this kernel's width to process
+  int64_t k4;             // K/4, K padded to a multiple of 4
+  const float* a_scale;   // per row
+  const float* w_scale;   // per packed column of the first strip onwards
+  const int32_t* w_comp;  // per packed column: 128 * Σ_k w (VNNI's unsigned-activation offset)
   float* const* out_rows;   // per row output pointer
   int64_t out_col;          // first output column (floats) for the first strip
   const float* row_weight;  // per row routing weight (accum epilogue)
@@ -34,6 +34,12 @@ struct GemmInt8Args {
 static_assert(offsetof(GemmInt8Args, m_blocks) == 88, "GemmInt8Args is part of the kernel ABI");
 
 using GemmInt8Fn = void (*)(const GemmInt8Args*);
+
+// VNNI levels (vpdpbusd multiplies unsigned by signed bytes) take activations stored as
+// a + 128 (the int8 byte XOR 0x80); the other levels take the int8 bytes as they are.
+inline bool int8_activation_offset(IsaLevel isa) {
+  return int(isa) >= int(IsaLevel::avx512_vnni);
+}
 
 // Strips are 4 vectors of columns wide; a tail strip may hold fewer vectors.
 constexpr int kInt8StripVecs = 4;

@@ -47,6 +47,7 @@ void gemm_int8_ref(const KernelKey& key, const GemmInt8Args& args) {
   const int out_cols = int8_strip_out_cols(key.isa, key.n_vec, key.epilogue);
   const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
   const int rows = key.m_r;
+  const int32_t offset = int8_activation_offset(key.isa) ? 128 : 0;
   const int8_t* w = args.w;
   for (int64_t s = 0; s < args.n_strips; ++s) {
     const float* wscale = args.w_scale + s * cols;
@@ -60,7 +61,8 @@ void gemm_int8_ref(const KernelKey& key, const GemmInt8Args& args) {
           int32_t acc = 0;
           for (int64_t k4 = 0; k4 < args.k4; ++k4)
             for (int j = 0; j < 4; ++j)
-              acc += int32_t(a[k4 * 4 + j]) * int32_t(w[(k4 * cols + n) * 4 + j]);
+              acc += (offset ? int32_t(uint8_t(a[k4 * 4 + j])) - offset : int32_t(a[k4 * 4 + j])) *
+                     int32_t(w[(k4 * cols + n) * 4 + j]);
           const float scale = args.a_scale[m] * wscale[n];
           y[n] = scale * float(acc);
         }

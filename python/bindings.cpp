@@ -26,7 +26,9 @@ T* ptr(uintptr_t p) {
   return reinterpret_cast<T*>(p);
 }
 
-IsaLevel level_arg(const std::string& isa) { return isa.empty() ? selected_isa() : parse_isa(isa); }
+IsaLevel level_arg(const std::string& isa) {
+  return isa.empty() ? selected_isa() : parse_isa(isa);
+}
 
 py::dict features_dict() {
   const CpuFeatures& f = cpu_features();
@@ -89,8 +91,9 @@ PYBIND11_MODULE(_core, m) {
 
   // C++ exceptions become Python ones: invalid_argument -> ValueError, runtime_error ->
   // RuntimeError (pybind11's defaults).
-  m.def("isa", [] { return std::string(isa_name(selected_isa())); },
-        "The selected ISA level (detected, capped by KT_JIT_ISA).");
+  m.def(
+      "isa", [] { return std::string(isa_name(selected_isa())); },
+      "The selected ISA level (detected, capped by KT_JIT_ISA).");
   m.def("detected_isa", [] { return std::string(isa_name(detected_isa())); });
   m.def("cpu_features", &features_dict, "What the CPU probe found.");
   m.def("runnable_isas", [] {
@@ -99,14 +102,15 @@ PYBIND11_MODULE(_core, m) {
       if (IsaLevel(l) != IsaLevel::amx) v.push_back(isa_name(IsaLevel(l)));
     return v;
   });
-  m.def("init_pool", [](int threads, int pools) {
-    ThreadPool& p = ThreadPool::global(threads, pools);
-    return py::make_tuple(p.size(), p.pools());
-  }, py::arg("threads"), py::arg("pools") = 1,
-        "Creates the process-wide worker pool; the first call wins.");
-  m.def("pool_size", [] {
-    return ThreadPool::global_exists() ? ThreadPool::global().size() : 0;
-  });
+  m.def(
+      "init_pool",
+      [](int threads, int pools) {
+        ThreadPool& p = ThreadPool::global(threads, pools);
+        return py::make_tuple(p.size(), p.pools());
+      },
+      py::arg("threads"), py::arg("pools") = 1,
+      "Creates the process-wide worker pool; the first call wins.");
+  m.def("pool_size", [] { return ThreadPool::global_exists() ? ThreadPool::global().size() : 0; });
 
   py::class_<PyMoELayer>(m, "MoELayer")
       .def(py::init([](int64_t E, int64_t K, int64_t H, int64_t I, const std::string& method,
@@ -117,59 +121,66 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("num_experts"), py::arg("top_k"), py::arg("hidden"), py::arg("intermediate"),
            py::arg("method") = "AMXINT8", py::arg("isa") = "")
-      .def("load_from_float",
-           [](PyMoELayer& self, uintptr_t gate, uintptr_t up, uintptr_t down,
-              const std::string& dtype, uintptr_t map) {
-             SourceDType dt = parse_source_dtype(dtype);
-             py::gil_scoped_release release;
-             self.layer->load_from_float(ptr<const void>(gate), ptr<const void>(up),
-                                         ptr<const void>(down), dt, ptr<const int64_t>(map),
-                                         ThreadPool::global());
-           },
-           py::arg("gate_ptr"), py::arg("up_ptr"), py::arg("down_ptr"), py::arg("dtype"),
-           py::arg("map_ptr") = 0)
-      .def("forward",
-           [](PyMoELayer& self, int64_t T, uintptr_t x, uintptr_t ids, uintptr_t w,
-              uintptr_t mask, uintptr_t out) { self.forward(T, x, ids, w, mask, out, false); },
-           py::arg("T"), py::arg("x_ptr"), py::arg("ids_ptr"), py::arg("w_ptr"),
-           py::arg("mask_ptr"), py::arg("out_ptr"))
-      .def("forward_reference",
-           [](PyMoELayer& self, int64_t T, uintptr_t x, uintptr_t ids, uintptr_t w,
-              uintptr_t mask, uintptr_t out) { self.forward(T, x, ids, w, mask, out, true); },
-           py::arg("T"), py::arg("x_ptr"), py::arg("ids_ptr"), py::arg("w_ptr"),
-           py::arg("mask_ptr"), py::arg("out_ptr"))
-      .def_property_readonly("isa",
-                             [](const PyMoELayer& s) { return std::string(isa_name(s.layer->isa())); })
+      .def(
+          "load_from_float",
+          [](PyMoELayer& self, uintptr_t gate, uintptr_t up, uintptr_t down,
+             const std::string& dtype, uintptr_t map) {
+            SourceDType dt = parse_source_dtype(dtype);
+            py::gil_scoped_release release;
+            self.layer->load_from_float(ptr<const void>(gate), ptr<const void>(up),
+                                        ptr<const void>(down), dt, ptr<const int64_t>(map),
+                                        ThreadPool::global());
+          },
+          py::arg("gate_ptr"), py::arg("up_ptr"), py::arg("down_ptr"), py::arg("dtype"),
+          py::arg("map_ptr") = 0)
+      .def(
+          "forward",
+          [](PyMoELayer& self, int64_t T, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t mask,
+             uintptr_t out) { self.forward(T, x, ids, w, mask, out, false); },
+          py::arg("T"), py::arg("x_ptr"), py::arg("ids_ptr"), py::arg("w_ptr"), py::arg("mask_ptr"),
+          py::arg("out_ptr"))
+      .def(
+          "forward_reference",
+          [](PyMoELayer& self, int64_t T, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t mask,
+             uintptr_t out) { self.forward(T, x, ids, w, mask, out, true); },
+          py::arg("T"), py::arg("x_ptr"), py::arg("ids_ptr"), py::arg("w_ptr"), py::arg("mask_ptr"),
+          py::arg("out_ptr"))
+      .def_property_readonly(
+          "isa", [](const PyMoELayer& s) { return std::string(isa_name(s.layer->isa())); })
       .def_property_readonly("loaded", [](const PyMoELayer& s) { return s.layer->loaded(); })
-      .def_property_readonly("packed_bytes", [](const PyMoELayer& s) { return s.layer->packed_bytes(); })
+      .def_property_readonly("packed_bytes",
+                             [](const PyMoELayer& s) { return s.layer->packed_bytes(); })
       .def("kernel_names", [](const PyMoELayer& s) { return s.layer->kernel_names(); });
 
-  m.def("dump_kernels",
-        [](const std::string& method, int64_t E, int64_t K, int64_t H, int64_t I,
-           const std::string& isa) {
-          if (method != "AMXINT8" && method != "MOE_INT8")
-            throw std::invalid_argument("dump: method '" + method +
-                                        "' has no generated kernels yet; built: AMXINT8, MOE_INT8");
-          IsaLevel level = isa.empty() ? selected_isa() : parse_isa(isa);
-          if (level == IsaLevel::ref)
-            throw std::invalid_argument("dump: the ref level runs C++ reference kernels, nothing is generated");
-          if (level == IsaLevel::amx)
-            throw std::invalid_argument("dump: AMX kernels are not generated yet (issue: AMX and AArch64 code generation)");
-          py::list out;
-          for (const KernelKey& key : int8_moe_kernel_keys(MoEShape{E, K, H, I}, level)) {
-            auto k = KernelCache::generate_only(key);
-            py::dict d;
-            d["name"] = k->name;
-            d["key"] = key.describe();
-            d["size"] = k->code.size();
-            d["gen_us"] = k->gen_us;
-            d["code"] = py::bytes(reinterpret_cast<const char*>(k->code.data()), k->code.size());
-            out.append(d);
-          }
-          return out;
-        },
-        py::arg("method"), py::arg("num_experts"), py::arg("top_k"), py::arg("hidden"),
-        py::arg("intermediate"), py::arg("isa") = "");
+  m.def(
+      "dump_kernels",
+      [](const std::string& method, int64_t E, int64_t K, int64_t H, int64_t I,
+         const std::string& isa) {
+        if (method != "AMXINT8" && method != "MOE_INT8")
+          throw std::invalid_argument("dump: method '" + method +
+                                      "' has no generated kernels yet; built: AMXINT8, MOE_INT8");
+        IsaLevel level = isa.empty() ? selected_isa() : parse_isa(isa);
+        if (level == IsaLevel::ref)
+          throw std::invalid_argument(
+              "dump: the ref level runs C++ reference kernels, nothing is generated");
+        if (level == IsaLevel::amx)
+          throw std::invalid_argument(
+              "dump: AMX kernels are not generated yet (issue: AMX and AArch64 code generation)");
+        py::list out;
+        for (const KernelKey& key : int8_moe_kernel_keys(MoEShape{E, K, H, I}, level)) {
+          auto k = KernelCache::generate_only(key);
+          py::dict d;
+          d["name"] = k->name;
+          d["key"] = key.describe();
+          d["size"] = k->code.size();
+          d["gen_us"] = k->gen_us;
+          d["code"] = py::bytes(reinterpret_cast<const char*>(k->code.data()), k->code.size());
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("method"), py::arg("num_experts"), py::arg("top_k"), py::arg("hidden"),
+      py::arg("intermediate"), py::arg("isa") = "");
 
   m.def("cache_stats", [] {
     CacheStats s = KernelCache::instance().stats();
@@ -181,19 +192,22 @@ PYBIND11_MODULE(_core, m) {
     return d;
   });
 
-  m.def("machine_limits", [] {
-    MachineLimits l;
-    {
-      py::gil_scoped_release release;
-      l = measure_machine_limits(selected_isa());
-    }
-    py::dict d;
-    d["read_gbs_1t"] = l.read_gbs_1t;
-    d["read_gbs_2t"] = l.read_gbs_2t;
-    d["peak_vnni_gops"] = l.peak_vnni_gops;
-    d["peak_maddubsw_gops"] = l.peak_maddubsw_gops;
-    d["peak_fma_gflops"] = l.peak_fma_gflops;
-    d["peak_bf16_gflops"] = l.peak_bf16_gflops;
-    return d;
-  }, "Measures the machine's read bandwidth and instruction peaks (takes a few seconds).");
+  m.def(
+      "machine_limits",
+      [] {
+        MachineLimits l;
+        {
+          py::gil_scoped_release release;
+          l = measure_machine_limits(selected_isa());
+        }
+        py::dict d;
+        d["read_gbs_1t"] = l.read_gbs_1t;
+        d["read_gbs_2t"] = l.read_gbs_2t;
+        d["peak_vnni_gops"] = l.peak_vnni_gops;
+        d["peak_maddubsw_gops"] = l.peak_maddubsw_gops;
+        d["peak_fma_gflops"] = l.peak_fma_gflops;
+        d["peak_bf16_gflops"] = l.peak_bf16_gflops;
+        return d;
+      },
+      "Measures the machine's read bandwidth and instruction peaks (takes a few seconds).");
 }

@@ -176,10 +176,13 @@ std::vector<KernelKey> Int8KernelSet::keys() const {
 
 std::vector<KernelKey> int8_moe_kernel_keys(const MoEShape& shape, IsaLevel isa) {
   const int lanes = vec_lanes(isa);
-  auto gu = formats::Int8StripLayout::make(shape.intermediate, shape.hidden, lanes, kInt8StripVecs, 2);
-  auto down = formats::Int8StripLayout::make(shape.hidden, shape.intermediate, lanes, kInt8StripVecs, 1);
+  auto gu =
+      formats::Int8StripLayout::make(shape.intermediate, shape.hidden, lanes, kInt8StripVecs, 2);
+  auto down =
+      formats::Int8StripLayout::make(shape.hidden, shape.intermediate, lanes, kInt8StripVecs, 1);
   std::vector<KernelKey> keys = make_int8_kernel_set(isa, Epilogue::siluup, gu.tail_vecs).keys();
-  for (auto& k : make_int8_kernel_set(isa, Epilogue::accum, down.tail_vecs).keys()) keys.push_back(k);
+  for (auto& k : make_int8_kernel_set(isa, Epilogue::accum, down.tail_vecs).keys())
+    keys.push_back(k);
   return keys;
 }
 
@@ -363,6 +366,7 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
   s.partial.resize(size_t(T * s.p_stride * int64_t(shards_.size())));
   s.out_rows.resize(size_t(std::max<int64_t>(rows, 1)));
 
+  const bool flip = int8_activation_offset(isa_);
   // Phase 1: quantize each token once; clear the shard partials.
   pool.run([&](int tid, int nt) {
     int64_t t0, t1;
@@ -371,6 +375,7 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
       int8_t* q = s.xq.data() + t * s.lda_x;
       s.xs[size_t(t)] = formats::quantize_row_int8(x + t * H, H, q);
       std::memset(q + H, 0, size_t(s.lda_x - H));
+      if (flip) formats::flip_sign_bits(q, s.lda_x);
       std::memset(s.partial.data() + t * s.p_stride * int64_t(shards_.size()), 0,
                   size_t(s.p_stride * int64_t(shards_.size())) * 4);
     }
@@ -414,6 +419,7 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
 void MoELayer::forward_shard(const Int8Shard& sh, Scratch& s, bool reference, ThreadPool& pool) {
   const int64_t is = sh.i_end - sh.i_begin;
   const int64_t rows = s.rows;
+  const bool flip = int8_activation_offset(isa_);
   s.h_stride = round_up(std::max<int64_t>(is, 1), lanes_);
   s.lda_h = round_up(std::max<int64_t>(is, 1), 64);
   s.h.resize(size_t(rows * s.h_stride));
@@ -466,6 +472,7 @@ void MoELayer::forward_shard(const Int8Shard& sh, Scratch& s, bool reference, Th
       int8_t* q = s.hq.data() + r * s.lda_h;
       s.hs[size_t(r)] = formats::quantize_row_int8(s.h.data() + r * s.h_stride, is, q);
       std::memset(q + is, 0, size_t(s.lda_h - is));
+      if (flip) formats::flip_sign_bits(q, s.lda_h);
     }
   });
   // Phase 5: down projection; each thread owns a run of output strips and adds the experts

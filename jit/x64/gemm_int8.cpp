@@ -202,8 +202,7 @@ class GemmInt8Generator : public JitGenerator {
   void load_activation(int m) {
     vpbroadcastd(bcast(), dword[a_row(m)]);
     if (vnni_) {
-      // a + 128 as an unsigned byte; Σ 128*w is removed in the epilogue.
-      vpxord(bcast(), bcast(), cpool(c_x80_));
+      // Activations arrive as a + 128 (unsigned); Σ 128*w is removed in the epilogue.
     } else if (zmm_isa()) {
       // aux = 0xFF where a < 0; bcast = |a|.
       vpmovb2m(k1, bcast());
@@ -321,7 +320,6 @@ class GemmInt8Generator : public JitGenerator {
   void emit_constants() {
     align(64);
     emit_const32(c_ones16_, 0x00010001u);
-    emit_const32(c_x80_, 0x80808080u);
     emit_const32(c_sign_, 0x80000000u);
     emit_const32(c_max_, f32_bits(88.0f));
     emit_const32(c_min_, f32_bits(-87.0f));
@@ -336,7 +334,7 @@ class GemmInt8Generator : public JitGenerator {
   const KernelKey key_;
   const int lanes_, nv_, mr_;
   const bool vnni_, prefill_;
-  Label c_ones16_, c_x80_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
+  Label c_ones16_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
 };
 
 }  // namespace

@@ -140,6 +140,8 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
   std::vector<int8_t> a(size_t(p.M * lda), 0);
   for (int64_t m = 0; m < p.M; ++m)
     for (int64_t k = 0; k < p.K; ++k) a[size_t(m * lda + k)] = int8_t(qd(rng));
+  std::vector<int8_t> a_signed = a;
+  if (int8_activation_offset(p.isa)) formats::flip_sign_bits(a.data(), int64_t(a.size()));
   std::vector<float> as = test::random_floats(size_t(p.M), p.seed + 2, 0.01f);
   for (auto& x : as) x = std::fabs(x) + 1e-3f;
   std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
@@ -155,7 +157,7 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
       for (int64_t n = 0; n < p.N; ++n) {
         int64_t acc = 0;
         for (int64_t k = 0; k < p.K; ++k)
-          acc += int64_t(a[size_t(m * lda + k)]) * pk.q[0][size_t(n * p.K + k)];
+          acc += int64_t(a_signed[size_t(m * lda + k)]) * pk.q[0][size_t(n * p.K + k)];
         const float want = (as[size_t(m)] * pk.d[0][size_t(n)]) * float(acc);
         ASSERT_EQ(want, ref.rows[size_t(m)][n]) << p.repro() << " m=" << m << " n=" << n;
       }
