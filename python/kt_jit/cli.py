@@ -84,7 +84,16 @@ def cmd_version(argv: List[str]) -> int:
 
 def _refusal_reason(level: str, features: dict, runnable: List[str]) -> str:
     if level in runnable:
-        return "usable, but capped (KT_JIT_ISA) or not preferred"
+        return "usable, but capped (KT_JIT_ISA)"
+    refused = features.get("refused")
+    if isinstance(refused, dict) and level in refused:
+        missing = refused[level]
+        if isinstance(missing, (list, tuple)):
+            missing = ", ".join(str(m) for m in missing)
+        if missing:
+            return f"missing {missing}"
+    if level == "amx" and features.get("detected_isa") == "amx":
+        return "AMX kernels are not generated yet"
     missing, unknown = [], []
     for feat in LEVEL_FEATURES.get(level, ()):
         val = _lookup(features, feat)
@@ -95,22 +104,6 @@ def _refusal_reason(level: str, features: dict, runnable: List[str]) -> str:
     parts = []
     if missing:
         parts.append("CPU lacks " + ", ".join(missing))
-    # OS / permission related probe entries that are false (XCR0 state, AMX permission)
-    os_keys = [
-        str(k)
-        for k, v in features.items()
-        if isinstance(v, bool)
-        and not v
-        and any(t in _norm(k) for t in ("os", "xcr0", "xsave", "perm", "prctl"))
-        and (level == "amx" or "amx" not in _norm(k))
-        and (level.startswith("avx512") or level == "amx" or "512" not in _norm(k))
-    ]
-    if os_keys and not missing:
-        parts.append("not enabled: " + ", ".join(os_keys))
-    for key in ("refused", "reasons", "refusals", "why"):
-        val = features.get(key)
-        if isinstance(val, dict) and level in val:
-            parts.append(str(val[level]))
     if not parts:
         parts.append("not runnable on this machine")
     if unknown:
@@ -168,6 +161,8 @@ def cmd_doctor(argv: List[str]) -> int:
             print(f"  {level:<12} refused: {_refusal_reason(level, feats, runnable)}")
     print("probe:")
     for key in sorted(feats, key=str):
+        if key == "refused":
+            continue
         print(f"  {key}: {feats[key]}")
     print("self-test (tiny MoE layer, JIT vs C++ reference, bitwise):")
     failures = 0

@@ -49,6 +49,16 @@ def _valid_slots(ids: torch.Tensor, E: int, mask):
     return valid
 
 
+def _slots_by_expert(ids: torch.Tensor, E: int, mask):
+    """For each physical slot p: (token indices, routing slot indices) of its valid uses."""
+    valid = _valid_slots(ids, E, mask)
+    tok, slot = torch.nonzero(valid, as_tuple=True)
+    phys = ids[tok, slot]
+    for p in torch.unique(phys).tolist():
+        sel = phys == p
+        yield int(p), tok[sel], slot[sel]
+
+
 def moe_reference(x, ids, weights, gate, up, down, pmap=None, mask=None):
     """fp32 MoE from the dequantized weights and the unquantized input.
 
@@ -63,17 +73,13 @@ def moe_reference(x, ids, weights, gate, up, down, pmap=None, mask=None):
     gq = dequantize_rows(gate)
     uq = dequantize_rows(up)
     dq = dequantize_rows(down)
-    valid = _valid_slots(ids, E, mask)
-    out = torch.zeros(T, H, dtype=torch.float32)
     w = weights.to(torch.float32)
-    for t in range(T):
-        for j in range(ids.shape[1]):
-            if not valid[t, j]:
-                continue
-            e = int(pmap[int(ids[t, j])])
-            g = gq[e] @ x[t]
-            u = uq[e] @ x[t]
-            out[t] += w[t, j] * (dq[e] @ (silu(g) * u))
+    out = torch.zeros(T, H, dtype=torch.float32)
+    for p, tok, slot in _slots_by_expert(ids, E, mask):
+        e = int(pmap[p])
+        xs = x[tok]
+        h = silu(xs @ gq[e].T) * (xs @ uq[e].T)
+        out.index_add_(0, tok, w[tok, slot].unsqueeze(1) * (h @ dq[e].T))
     return out
 
 
@@ -94,21 +100,17 @@ def moe_reference_actq(x, ids, weights, gate, up, down, pmap=None, mask=None):
     gq, gd, uq, ud, dq, dd = (a.to(torch.float64) for a in (gq, gd, uq, ud, dq, dd))
     xq, xd = quantize_rows(x)  # per token over H
     xq, xd = xq.to(torch.float64), xd.to(torch.float64)
-    valid = _valid_slots(ids, E, mask)
-    out = torch.zeros(T, H, dtype=torch.float64)
     w = weights.to(torch.float32).to(torch.float64)
-    for t in range(T):
-        for j in range(ids.shape[1]):
-            if not valid[t, j]:
-                continue
-            e = int(pmap[int(ids[t, j])])
-            g = (gq[e] @ xq[t]) * (gd[e][:, 0] * xd[t, 0])
-            u = (uq[e] @ xq[t]) * (ud[e][:, 0] * xd[t, 0])
-            h = (g / (1.0 + torch.exp(-g))) * u
-            hq, hd = quantize_rows(h.to(torch.float32).unsqueeze(0))  # per (expert, token) over I
-            hq, hd = hq[0].to(torch.float64), hd[0, 0].to(torch.float64)
-            y = (dq[e] @ hq) * (dd[e][:, 0] * hd)
-            out[t] += w[t, j] * y
+    out = torch.zeros(T, H, dtype=torch.float64)
+    for p, tok, slot in _slots_by_expert(ids, E, mask):
+        e = int(pmap[p])
+        xs, xds = xq[tok], xd[tok]  # [n, H], [n, 1]
+        g = (xs @ gq[e].T) * (xds * gd[e][:, 0])  # [n, I]
+        u = (xs @ uq[e].T) * (xds * ud[e][:, 0])
+        h = (g / (1.0 + torch.exp(-g))) * u
+        hq, hd = quantize_rows(h.to(torch.float32))  # per (expert, token) over I
+        y = (hq.to(torch.float64) @ dq[e].T) * (hd.to(torch.float64) * dd[e][:, 0])
+        out.index_add_(0, tok, w[tok, slot].unsqueeze(1) * y)
     return out
 
 

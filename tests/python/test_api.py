@@ -349,7 +349,7 @@ def test_dump_cli_out_dir(tmp_path):
     bins = sorted(out.glob("*.bin"))
     assert bins, proc.stdout[-2000:]
     for b in bins:
-        assert "avx2" in b.stem
+        assert "avx2" in b.stem.replace("_", "")  # kernel names carry the ISA tag
         assert b.stat().st_size > 0
         meta = json.loads(b.with_suffix(".json").read_text())
         assert meta["size"] == b.stat().st_size > 0
