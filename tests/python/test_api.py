@@ -359,6 +359,8 @@ def test_dump_cli_out_dir(tmp_path):
 
 
 def test_dump_kernels_api():
+    if _core.isa() == "ref":
+        pytest.skip("the ref level generates no kernels")
     ks = _core.dump_kernels("AMXINT8", 16, 4, 256, 128, _core.isa())
     assert isinstance(ks, list)
     for k in ks:
@@ -386,3 +388,20 @@ def test_doctor_cli(tmp_path):
     for isa in _core.runnable_isas():
         assert f"{isa}" in proc.stdout
     assert "FAIL" not in proc.stdout
+
+
+def test_startup_log_line(tmp_path):
+    code = (
+        "import kt_jit\n"
+        "kt_jit.KTMoEWrapper(0, 8, 2, 64, 32, None, 2, 1, '', 64, method='MOE_INT8')\n"
+    )
+    env = dict(os.environ, KT_JIT_DEBUG="1")
+    env.pop("KT_JIT_ISA", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stderr.splitlines() if "threads=" in ln]
+    assert line, proc.stderr[-3000:]
+    for part in (kt_jit.__version__, f"isa={kt_jit.__isa__}", "pools=1", "numa_nodes", "MOE_INT8"):
+        assert part in line[0], line[0]
