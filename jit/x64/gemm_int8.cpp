@@ -162,45 +162,63 @@ class GemmInt8Generator : public JitGenerator {
       }
   }
 
+  // K steps unrolled by kUnroll (addresses by displacement), then the remaining steps one by one.
+  static constexpr int kUnroll = 4;
   void k_loop() {
-    Label loop, done;
+    Label loop, tail, tail_loop, done;
     mov(reg_k, arg(offsetof(GemmInt8Args, k4)));
-    test(reg_k, reg_k);
-    jle(done, T_NEAR);
+    cmp(reg_k, kUnroll);
+    jl(tail, T_NEAR);
     L(loop);
     {
-      microkernel();
-      add(reg_a, 4);
-      if (mr_ > 3) add(reg_a3, 4);
-      add(reg_w, strip_k4_bytes());
+      for (int u = 0; u < kUnroll; ++u) microkernel(u);
+      advance(kUnroll);
+      sub(reg_k, kUnroll);
+      cmp(reg_k, kUnroll);
+      jge(loop, T_NEAR);
+    }
+    L(tail);
+    test(reg_k, reg_k);
+    jle(done, T_NEAR);
+    L(tail_loop);
+    {
+      microkernel(0);
+      advance(1);
       dec(reg_k);
-      jnz(loop, T_NEAR);
+      jnz(tail_loop, T_NEAR);
     }
     L(done);
   }
 
-  // One K step: 4 k for every (row, vector) of the tile.
-  void microkernel() {
+  void advance(int steps) {
+    add(reg_a, 4 * steps);
+    if (mr_ > 3) add(reg_a3, 4 * steps);
+    add(reg_w, strip_k4_bytes() * steps);
+  }
+
+  // One K step (`u` steps past the pointers): 4 k for every (row, vector) of the tile.
+  void microkernel(int u) {
+    const int woff = u * strip_k4_bytes();
     const bool preload = vnni_ && mr_ > 1;
     if (preload)
-      for (int v = 0; v < nv_; ++v) vmovdqu8(wreg(v), vmem(reg_w + v * vec_bytes()));
+      for (int v = 0; v < nv_; ++v) vmovdqu8(wreg(v), vmem(reg_w + woff + v * vec_bytes()));
     for (int m = 0; m < mr_; ++m) {
-      load_activation(m);
+      load_activation(m, u);
       for (int v = 0; v < nv_; ++v) {
         if (vnni_) {
           if (preload)
             vpdpbusd(acc(m, v), bcast(), wreg(v));
           else
-            vpdpbusd(acc(m, v), bcast(), vmem(reg_w + v * vec_bytes()));
+            vpdpbusd(acc(m, v), bcast(), vmem(reg_w + woff + v * vec_bytes()));
         } else {
-          dot4_signed(acc(m, v), v);
+          dot4_signed(acc(m, v), v, woff);
         }
       }
     }
   }
 
-  void load_activation(int m) {
-    vpbroadcastd(bcast(), dword[a_row(m)]);
+  void load_activation(int m, int u) {
+    vpbroadcastd(bcast(), dword[a_row(m) + 4 * u]);
     if (vnni_) {
       // Activations arrive as a + 128 (unsigned); Σ 128*w is removed in the epilogue.
     } else if (zmm_isa()) {
@@ -216,9 +234,9 @@ class GemmInt8Generator : public JitGenerator {
 
   // acc += Σ_{4 k} |a| * (w * sign(a)): every pair sum is at most 2*127*127 < 2^15, so the
   // saturating vpmaddubsw is exact.
-  void dot4_signed(const Xmm& accv, int v) {
+  void dot4_signed(const Xmm& accv, int v, int woff) {
     const Xmm t = tmp(v);
-    const Address wm = vmem(reg_w + v * vec_bytes());
+    const Address wm = vmem(reg_w + woff + v * vec_bytes());
     if (zmm_isa()) {
       vpxord(t, aux(), wm);  // (w ^ mask) - mask == -w where mask is all ones
       vpsubb(t, t, aux());

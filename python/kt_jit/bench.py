@@ -114,16 +114,28 @@ def _limits_lines(lim: Dict, read_bw: float, peak: float, peak_name: str, thread
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="kt-jit bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=_parse_tokens, default=list(DEFAULT_TOKENS),
-                   help="comma-separated token counts (default 1,4,16,64,256,1024)")
+    p.add_argument(
+        "--tokens",
+        type=_parse_tokens,
+        default=list(DEFAULT_TOKENS),
+        help="comma-separated token counts (default 1,4,16,64,256,1024)",
+    )
     p.add_argument("--threads", type=int, default=1, help="worker threads (default 1)")
-    p.add_argument("--layers", type=int, default=0,
-                   help="layers to rotate over (default: enough that the experts touched between "
-                        "two uses of a layer exceed 4x L3, at least 4)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=0,
+        help="layers to rotate over (default: enough that the experts touched between "
+        "two uses of a layer exceed 4x L3, at least 4)",
+    )
     p.add_argument("--reps", type=int, default=0, help="timed reps per token count (default by T)")
     p.add_argument("--warmup", type=int, default=0, help="warm-up calls (default: one per layer)")
-    p.add_argument("--budget-s", type=float, default=20.0,
-                   help="stop timing a token count after this many seconds (>= 3 reps)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=20.0,
+        help="stop timing a token count after this many seconds (>= 3 reps)",
+    )
     p.add_argument("--method", default="AMXINT8", help="MoELayer method (default AMXINT8)")
     p.add_argument("--isa", default="", help="ISA level for the layer (default: selected)")
     p.add_argument("--seed", type=int, default=0)
@@ -202,7 +214,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     err_abs = float((out - ref).abs().max().item())
     ref_max = float(ref.abs().max().item())
     err_rel = err_abs / ref_max if ref_max > 0 else float("nan")
-    print(f"error vs forward_reference (T={te}): max abs {err_abs:.3g}, rel {err_rel:.3g}", flush=True)
+    print(
+        f"error vs forward_reference (T={te}): max abs {err_abs:.3g}, rel {err_rel:.3g}", flush=True
+    )
 
     # --- 4. MoE forward ------------------------------------------------------------------------------
     results = []
@@ -281,13 +295,24 @@ def main(argv: Optional[List[str]] = None) -> int:
             f.write(md)
     if args.json:
         doc = {
-            "machine": {"brand": brand, "isa": isa, "cpus": os.cpu_count(), "l3_bytes": l3,
-                        "features": {k: v for k, v in feats.items()
-                                     if isinstance(v, (bool, int, float, str))}},
+            "machine": {
+                "brand": brand,
+                "isa": isa,
+                "cpus": os.cpu_count(),
+                "l3_bytes": l3,
+                "features": {
+                    k: v for k, v in feats.items() if isinstance(v, (bool, int, float, str))
+                },
+            },
             "date": date,
             "command": command,
-            "config": {"shape": SHAPE, "method": args.method, "threads": threads,
-                       "layers": layers_n, "seed": args.seed},
+            "config": {
+                "shape": SHAPE,
+                "method": args.method,
+                "threads": threads,
+                "layers": layers_n,
+                "seed": args.seed,
+            },
             "limits": lim,
             "roof": {"read_gbs": read_bw, "peak_gops": peak, "peak_op": peak_name},
             "error": {"tokens": te, "max_abs": err_abs, "max_rel": err_rel},

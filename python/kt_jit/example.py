@@ -61,7 +61,9 @@ def main(argv=None) -> int:
     gate = (torch.randn(E, I, H, generator=gen) * 0.02).to(torch.bfloat16)
     up = (torch.randn(E, I, H, generator=gen) * 0.02).to(torch.bfloat16)
     down = (torch.randn(E, H, I, generator=gen) * 0.02).to(torch.bfloat16)
-    print(f"random bf16 weights: E={E} top_k={TOP_K} H={H} I={I} ({time.perf_counter() - t0:.1f} s)")
+    print(
+        f"random bf16 weights: E={E} top_k={TOP_K} H={H} I={I} ({time.perf_counter() - t0:.1f} s)"
+    )
 
     moe = kt_jit.KTMoEWrapper(
         layer_idx=0,
