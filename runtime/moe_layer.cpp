@@ -10,6 +10,9 @@
 namespace ktjit {
 namespace {
 
+// Weights a multi-block expert re-reads per chunk of strips: half of a 1 MiB L2.
+constexpr int64_t kL2ChunkBytes = 512 * 1024;
+
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
@@ -300,25 +303,32 @@ void MoELayer::run_gemm(const Int8KernelSet& ks, const formats::Int8StripLayout&
                   int m) {
     return std::make_pair(keys[size_t(m - 1)], ref ? nullptr : ks_[size_t(m - 1)]);
   };
-  // Full strips first, then the tail strip, each with prefill blocks and a decode remainder.
+  // Full strips first, then the tail strip. When an expert has more rows than one tile, its
+  // strips go in chunks small enough to stay in L2: the prefill blocks and the decode remainder
+  // of a chunk both read it, and only the first read comes from DRAM.
+  const int max_rows = ks.max_rows;
+  const int64_t chunk =
+      rows > max_rows ? std::max<int64_t>(1, kL2ChunkBytes / layout.strip_bytes(layout.strip_vecs))
+                      : layout.full_strips + 1;
   for (int part = 0; part < 2; ++part) {
     const bool tail = part == 1;
     const int64_t s0 = tail ? layout.full_strips : strip_begin;
     const int64_t s1 = tail ? layout.full_strips + 1 : std::min(strip_end, layout.full_strips);
     if (tail && (layout.tail_vecs == 0 || strip_end <= layout.full_strips)) continue;
-    if (s1 <= s0) continue;
-    const int max_rows = ks.max_rows;
-    int64_t row = 0;
-    if (rows > max_rows) {
-      const int64_t blocks = rows / max_rows;
-      call(tail ? ks.prefill_tail : ks.prefill_full,
-           ref ? nullptr : (tail ? ks.prefill_tail_k : ks.prefill_full_k), s0, s1 - s0, 0, blocks);
-      row = blocks * max_rows;
-    }
-    if (rows > row) {
-      auto [key, k] = tail ? pick(ks.decode_tail, ks.decode_tail_k, int(rows - row))
-                           : pick(ks.decode_full, ks.decode_full_k, int(rows - row));
-      call(key, k, s0, s1 - s0, row, 1);
+    for (int64_t c0 = s0, n = 0; c0 < s1; c0 += n) {
+      n = std::min(chunk, s1 - c0);
+      int64_t row = 0;
+      if (rows > max_rows) {
+        const int64_t blocks = rows / max_rows;
+        call(tail ? ks.prefill_tail : ks.prefill_full,
+             ref ? nullptr : (tail ? ks.prefill_tail_k : ks.prefill_full_k), c0, n, 0, blocks);
+        row = blocks * max_rows;
+      }
+      if (rows > row) {
+        auto [key, k] = tail ? pick(ks.decode_tail, ks.decode_tail_k, int(rows - row))
+                             : pick(ks.decode_full, ks.decode_full_k, int(rows - row));
+        call(key, k, c0, n, row, 1);
+      }
     }
   }
 }

@@ -54,6 +54,7 @@ class GemmInt8Generator : public JitGenerator {
   const Reg64 reg_strip = rbp;   // strip start (prefill re-reads it per block)
   const Reg64 reg_tmp = rax;
   const Reg64 reg_tmp2 = rdx;
+  const Reg64 reg_pf = rdx;  // K loop of a prefetching block: distance to the next strip
   // stack: [rsp] strips left
 
   int acc_idx(int m, int v) const { return m * nv_ + v; }
@@ -100,10 +101,17 @@ class GemmInt8Generator : public JitGenerator {
         mov(reg_mb, arg(offsetof(GemmInt8Args, m_blocks)));
         test(reg_mb, reg_mb);
         jle(mb_done, T_NEAR);
+        // The first block also prefetches the next strip into L2, so its DRAM stream overlaps
+        // this strip's compute; the other blocks re-read this strip from L2.
+        mov(reg_w, reg_strip);
+        compute_block(true);
+        add(reg_row, mr_);
+        dec(reg_mb);
+        jz(mb_done, T_NEAR);
         L(mb_loop);
         {
           mov(reg_w, reg_strip);
-          compute_block();
+          compute_block(false);
           add(reg_row, mr_);
           dec(reg_mb);
           jnz(mb_loop, T_NEAR);
@@ -115,7 +123,7 @@ class GemmInt8Generator : public JitGenerator {
         lea(reg_w, ptr[reg_strip + reg_tmp]);
       } else {
         xor_(reg_row.cvt32(), reg_row.cvt32());
-        compute_block();  // leaves reg_w at the next strip
+        compute_block(false);  // leaves reg_w at the next strip
       }
       add(reg_wscale, strip_cols() * 4);
       add(reg_comp, strip_cols() * 4);
@@ -139,7 +147,7 @@ class GemmInt8Generator : public JitGenerator {
   }
 
   // One register tile: rows [reg_row, reg_row + mr) x the current strip, over all of K.
-  void compute_block() {
+  void compute_block(bool prefetch_next) {
     mov(reg_a, reg_row);
     imul(reg_a, reg_lda);
     add(reg_a, arg(offsetof(GemmInt8Args, a)));
@@ -148,7 +156,7 @@ class GemmInt8Generator : public JitGenerator {
       add(reg_a3, reg_lda);
     }
     zero_accumulators();
-    k_loop();
+    k_loop(prefetch_next);
     epilogue();
   }
 
@@ -164,14 +172,15 @@ class GemmInt8Generator : public JitGenerator {
 
   // K steps unrolled by kUnroll (addresses by displacement), then the remaining steps one by one.
   static constexpr int kUnroll = 4;
-  void k_loop() {
+  void k_loop(bool prefetch_next) {
     Label loop, tail, tail_loop, done;
     mov(reg_k, arg(offsetof(GemmInt8Args, k4)));
+    if (prefetch_next) imul(reg_pf, reg_k, strip_k4_bytes());  // strip size: same spot, next strip
     cmp(reg_k, kUnroll);
     jl(tail, T_NEAR);
     L(loop);
     {
-      for (int u = 0; u < kUnroll; ++u) microkernel(u);
+      for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
       advance(kUnroll);
       sub(reg_k, kUnroll);
       cmp(reg_k, kUnroll);
@@ -182,7 +191,7 @@ class GemmInt8Generator : public JitGenerator {
     jle(done, T_NEAR);
     L(tail_loop);
     {
-      microkernel(0);
+      microkernel(0, prefetch_next);
       advance(1);
       dec(reg_k);
       jnz(tail_loop, T_NEAR);
@@ -197,8 +206,11 @@ class GemmInt8Generator : public JitGenerator {
   }
 
   // One K step (`u` steps past the pointers): 4 k for every (row, vector) of the tile.
-  void microkernel(int u) {
+  void microkernel(int u, bool prefetch_next) {
     const int woff = u * strip_k4_bytes();
+    if (prefetch_next)
+      for (int line = 0; line < strip_k4_bytes(); line += 64)
+        prefetcht1(ptr[reg_w + reg_pf + woff + line]);
     const bool preload = vnni_ && mr_ > 1;
     if (preload)
       for (int v = 0; v < nv_; ++v) vmovdqu8(wreg(v), vmem(reg_w + woff + v * vec_bytes()));
