@@ -34,12 +34,38 @@ void flip_sign_bits(int8_t* q, int64_t n) {
   for (int64_t i = 0; i < n; ++i) q[i] = int8_t(uint8_t(q[i]) ^ 0x80u);
 }
 
-Int8StripLayout Int8StripLayout::make(int64_t n, int64_t k, int lanes, int strip_vecs,
-                                      int sources) {
+float quantize_row_int4(const float* x, int64_t k, int8_t* q16) {
+  uint32_t amax_bits = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    b &= 0x7fffffffu;
+    amax_bits = b > amax_bits ? b : amax_bits;
+  }
+  float amax;
+  std::memcpy(&amax, &amax_bits, 4);
+  const float d = amax / 112.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  constexpr float kRound = 12582912.0f;  // see quantize_row_int8
+  for (int64_t i = 0; i < k; ++i) {
+    float v = (x[i] * id + kRound) - kRound;
+    v = v > 127.0f ? 127.0f : v;
+    v = v < -127.0f ? -127.0f : v;
+    const int32_t q8 = int32_t(v);
+    // kt-kernel's round_4bit_s8: |q8| rounded to a multiple of 16, half away from zero.
+    const int32_t q4 = q8 < 0 ? -((-q8 + 8) >> 4) : (q8 + 8) >> 4;
+    q16[i] = int8_t(16 * q4);
+  }
+  return d;
+}
+
+Int8StripLayout Int8StripLayout::make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
+                                      int bits) {
   Int8StripLayout l;
   l.n = n;
   l.k = k;
-  l.k4 = (k + 3) / 4;
+  l.bits = bits;
+  l.k4 = bits == 4 ? (k + 7) / 8 * 2 : (k + 3) / 4;
   l.lanes = lanes;
   l.strip_vecs = strip_vecs;
   l.sources = sources;
@@ -86,7 +112,16 @@ void pack_int8_strips(const Int8StripLayout& l, const int8_t* const* q, const fl
       if (row >= 0) {
         const int8_t* qr = q[src] + row * l.k;
         for (int64_t kk = 0; kk < l.k; ++kk) {
-          base[((kk / 4) * cols + j) * 4 + kk % 4] = qr[kk];
+          const int64_t off = ((kk / 4) * cols + j) * 4 + kk % 4;  // byte in 8-bit order
+          if (l.bits == 8) {
+            base[off] = qr[kk];
+          } else {
+            // Step pair p = kk/8: the byte of step 2p (at the same in-step offset) holds it.
+            const int64_t step = kk / 4, in_step = off - step * cols * 4;
+            const int64_t byte = (step / 2) * cols * 4 + in_step;
+            const uint8_t nib = uint8_t(qr[kk] >> 4) & 0x0f;
+            base[byte] = int8_t(uint8_t(base[byte]) | (step % 2 ? nib << 4 : nib));
+          }
           sum += qr[kk];
         }
       }

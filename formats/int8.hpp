@@ -1,6 +1,10 @@
-// INT8 weight format (kt-kernel's AMXINT8 / MOE_INT8 semantics): symmetric per output row,
-// d = amax / 127, q = clamp(rne(w * (1/d)), -127, 127). Activations use the same rule per token.
-// This file knows the numbers and the packed strip layout; it knows nothing of threads.
+// Integer weight formats with one scale per output row (kt-kernel's AMXINT8 / MOE_INT8 and
+// AMXINT4 / MOE_INT4 semantics) and the int8 activations their kernels consume.
+//   INT8: d = amax / 127, q = clamp(rne(w * (1/d)), -127, 127).
+//   INT4: d = amax / 112, q8 = clamp(rne(w * (1/d)), -127, 127), q4 = sign(q8) * ((|q8| + 8) >> 4)
+//         in [-7, 7]; the kernels see the int8 value 16 * q4, so w ~= 16 * q4 * d.
+// Activations use the INT8 rule per token. This file knows the numbers and the packed strip
+// layout; it knows nothing of threads.
 #pragma once
 
 #include <cstddef>
@@ -16,11 +20,16 @@ float quantize_row_int8(const float* x, int64_t k, int8_t* q);
 // XOR 0x80 on every byte: int8 a <-> unsigned a + 128 (the activation form VNNI kernels take).
 void flip_sign_bits(int8_t* q, int64_t n);
 
-// Packed strip layout of one weight matrix for the INT8 GEMM kernels.
+// INT4 quantization of one row into the int8 values 16 * q4 the kernels multiply; returns d.
+float quantize_row_int4(const float* x, int64_t k, int8_t* q16);
+
+// Packed strip layout of one weight matrix for the integer GEMM kernels.
 // Columns are grouped in strips of `strip_vecs` vectors of `lanes` columns; inside a strip the
 // bytes are [k4][column][4 consecutive k] (VNNI order) so one K step of a strip is one contiguous
 // read. A fused gate/up matrix (`sources == 2`) puts half a strip of gate rows then the same rows
-// of up.
+// of up. 4-bit strips hold two K steps per byte block: for K steps 2p and 2p+1 and each vector,
+// the vector's bytes of step 2p in the low nibbles and of step 2p+1 in the high nibbles (K is
+// padded to a multiple of 8).
 struct Int8StripLayout {
   int64_t n = 0;       // output rows of each source (N, or I for fused gate/up)
   int64_t k = 0;       // logical K
@@ -28,23 +37,26 @@ struct Int8StripLayout {
   int lanes = 16;      // columns per vector
   int strip_vecs = 4;  // vectors per full strip
   int sources = 1;     // 1, or 2 for gate/up
+  int bits = 8;        // 8, or 4 (nibbles)
   int64_t full_strips = 0;
   int tail_vecs = 0;  // vectors in the last, narrower strip (0 = none)
 
-  static Int8StripLayout make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources);
+  static Int8StripLayout make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
+                              int bits = 8);
   int strip_cols(int vecs) const { return vecs * lanes; }
-  int64_t strip_bytes(int vecs) const { return k4 * 4 * strip_cols(vecs); }
+  int64_t strip_bytes(int vecs) const { return k4 * 4 * strip_cols(vecs) * bits / 8; }
   // Output rows covered by one full strip (per source).
   int64_t rows_per_strip() const { return int64_t(strip_vecs) * lanes / sources; }
   int64_t total_cols() const {
     return full_strips * strip_cols(strip_vecs) + strip_cols(tail_vecs);
   }
-  int64_t total_bytes() const { return k4 * 4 * total_cols(); }
+  int64_t total_bytes() const { return k4 * 4 * total_cols() * bits / 8; }
   int64_t strip_offset(int64_t s) const { return s * strip_bytes(strip_vecs); }
   int64_t padded_k() const { return k4 * 4; }
 };
 
-// Packs quantized rows (`q[src]` is n x k int8 row-major, `d[src]` n scales) into `out`
+// Packs quantized rows (`q[src]` is n x k int8 row-major — for 4 bits the values 16 * q4 —
+// `d[src]` n scales) into `out`
 // (layout.total_bytes()), `scale` and `comp` (layout.total_cols() each). Padding is zero.
 void pack_int8_strips(const Int8StripLayout& layout, const int8_t* const* q, const float* const* d,
                       int8_t* out, float* scale, int32_t* comp);

@@ -41,7 +41,19 @@ float silu_mul_ref(float g, float u) {
   return g / d * u;
 }
 
+namespace {
+// Weight (k4 step, column n, byte j) of a packed strip with `cols` columns, as the kernel sees it.
+int32_t packed_weight(const int8_t* strip, int64_t step, int cols, int n, int j, bool int4) {
+  const int64_t in_step = int64_t(n) * 4 + j;
+  if (!int4) return strip[step * cols * 4 + in_step];
+  const uint8_t b = uint8_t(strip[(step / 2) * cols * 4 + in_step]);
+  const uint8_t nib = step % 2 ? b >> 4 : b & 0x0f;
+  return int32_t(int8_t(uint8_t(nib << 4)));  // 16 * (signed nibble)
+}
+}  // namespace
+
 void gemm_int8_ref(const KernelKey& key, const GemmInt8Args& args) {
+  const bool int4 = key.format == WeightFormat::int4;
   const int lanes = vec_lanes(key.isa);
   const int cols = key.n_vec * lanes;
   const int out_cols = int8_strip_out_cols(key.isa, key.n_vec, key.epilogue);
@@ -62,7 +74,7 @@ void gemm_int8_ref(const KernelKey& key, const GemmInt8Args& args) {
           for (int64_t k4 = 0; k4 < args.k4; ++k4)
             for (int j = 0; j < 4; ++j)
               acc += (offset ? int32_t(uint8_t(a[k4 * 4 + j])) - offset : int32_t(a[k4 * 4 + j])) *
-                     int32_t(w[(k4 * cols + n) * 4 + j]);
+                     packed_weight(w, k4, cols, n, j, int4);
           const float scale = args.a_scale[m] * wscale[n];
           y[n] = scale * float(acc);
         }
@@ -80,7 +92,7 @@ void gemm_int8_ref(const KernelKey& key, const GemmInt8Args& args) {
         }
       }
     }
-    w += args.k4 * cols * 4;
+    w += args.k4 * cols * (int4 ? 2 : 4);
   }
 }
 

@@ -11,7 +11,8 @@ std::vector<uint8_t> generate_code(const KernelKey& key) {
   switch (key.kind) {
     case KernelKind::gemm_decode:
     case KernelKind::gemm_prefill:
-      if (key.format == WeightFormat::int8) return x64::generate_gemm_int8(key);
+      if (key.format == WeightFormat::int8 || key.format == WeightFormat::int4)
+        return x64::generate_gemm_int8(key);
       break;
     case KernelKind::peak_loop: return x64::generate_peak_loop(key);
     case KernelKind::read_stream: return x64::generate_read_stream(key);

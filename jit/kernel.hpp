@@ -25,7 +25,11 @@ enum class KernelKind : uint8_t {
   read_stream = 3,   // streaming read (benchmarks)
 };
 
-enum class WeightFormat : uint8_t { none = 0, int8 = 1 };
+enum class WeightFormat : uint8_t {
+  none = 0,
+  int8 = 1,  // int8 per-row scale
+  int4 = 2,  // signed nibbles per-row scale, seen by the kernel as 16 * q4
+};
 
 enum class Epilogue : uint8_t {
   store = 0,   // out[m][n] = y

@@ -25,6 +25,7 @@ const char* format_name(WeightFormat f) {
   switch (f) {
     case WeightFormat::none: return "none";
     case WeightFormat::int8: return "int8";
+    case WeightFormat::int4: return "int4";
   }
   return "?";
 }

@@ -91,6 +91,7 @@ PYBIND11_MODULE(_core, m) {
 
   // C++ exceptions become Python ones: invalid_argument -> ValueError, runtime_error ->
   // RuntimeError (pybind11's defaults).
+  m.def("built_methods", [] { return std::string(built_methods()); });
   m.def(
       "isa", [] { return std::string(isa_name(selected_isa())); },
       "The selected ISA level (detected, capped by KT_JIT_ISA).");
@@ -156,9 +157,7 @@ PYBIND11_MODULE(_core, m) {
       "dump_kernels",
       [](const std::string& method, int64_t E, int64_t K, int64_t H, int64_t I,
          const std::string& isa) {
-        if (method != "AMXINT8" && method != "MOE_INT8")
-          throw std::invalid_argument("dump: method '" + method +
-                                      "' has no generated kernels yet; built: AMXINT8, MOE_INT8");
+        const WeightFormat fmt = method_format(method);
         IsaLevel level = isa.empty() ? selected_isa() : parse_isa(isa);
         if (level == IsaLevel::ref)
           throw std::invalid_argument(
@@ -167,7 +166,7 @@ PYBIND11_MODULE(_core, m) {
           throw std::invalid_argument(
               "dump: AMX kernels are not generated yet (issue: AMX and AArch64 code generation)");
         py::list out;
-        for (const KernelKey& key : int8_moe_kernel_keys(MoEShape{E, K, H, I}, level)) {
+        for (const KernelKey& key : int8_moe_kernel_keys(MoEShape{E, K, H, I}, fmt, level)) {
           auto k = KernelCache::generate_only(key);
           py::dict d;
           d["name"] = k->name;

@@ -114,9 +114,7 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
   if (shape.experts <= 0 || shape.top_k <= 0 || shape.hidden <= 0 || shape.intermediate <= 0)
     throw std::invalid_argument(
         "MoELayer: num_experts, top_k, hidden and intermediate must be > 0");
-  if (method != "AMXINT8" && method != "MOE_INT8")
-    throw std::invalid_argument("MoELayer: method '" + method +
-                                "' is not built; built methods: AMXINT8, MOE_INT8");
+  format_ = method_format(method);
   if (int(isa) > int(selected_isa()))
     throw std::invalid_argument(std::string("MoELayer: isa ") + isa_name(isa) +
                                 " is above the selected level " + isa_name(selected_isa()));
@@ -130,8 +128,9 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     sh.i_begin = std::min(shape.intermediate, units * s / shards * lanes_);
     sh.i_end = std::min(shape.intermediate, units * (s + 1) / shards * lanes_);
     const int64_t is = sh.i_end - sh.i_begin;
-    sh.gu = formats::Int8StripLayout::make(is, shape.hidden, lanes_, kInt8StripVecs, 2);
-    sh.down = formats::Int8StripLayout::make(shape.hidden, is, lanes_, kInt8StripVecs, 1);
+    const int bits = format_ == WeightFormat::int4 ? 4 : 8;
+    sh.gu = formats::Int8StripLayout::make(is, shape.hidden, lanes_, kInt8StripVecs, 2, bits);
+    sh.down = formats::Int8StripLayout::make(shape.hidden, is, lanes_, kInt8StripVecs, 1, bits);
     sh.expert_bytes = sh.gu.total_bytes() + sh.down.total_bytes();
     sh.expert_cols = sh.gu.total_cols() + sh.down.total_cols();
     shards_.push_back(std::move(sh));
@@ -141,7 +140,18 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
 
 MoELayer::~MoELayer() = default;
 
-Int8KernelSet make_int8_kernel_set(IsaLevel isa, Epilogue epi, int tail_vecs) {
+WeightFormat method_format(const std::string& method) {
+  if (method == "AMXINT8" || method == "MOE_INT8") return WeightFormat::int8;
+  if (method == "AMXINT4" || method == "MOE_INT4") return WeightFormat::int4;
+  throw std::invalid_argument("method '" + method +
+                              "' is not built; built methods: " + built_methods());
+}
+
+const char* built_methods() {
+  return "AMXINT8, MOE_INT8, AMXINT4, MOE_INT4";
+}
+
+Int8KernelSet make_int8_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs) {
   Int8KernelSet ks;
   ks.isa = isa;
   ks.epilogue = epi;
@@ -150,7 +160,7 @@ Int8KernelSet make_int8_kernel_set(IsaLevel isa, Epilogue epi, int tail_vecs) {
     KernelKey k;
     k.kind = kind;
     k.isa = isa;
-    k.format = WeightFormat::int8;
+    k.format = fmt;
     k.m_r = uint8_t(m_r);
     k.n_vec = uint8_t(nv);
     k.epilogue = epi;
@@ -177,14 +187,16 @@ std::vector<KernelKey> Int8KernelSet::keys() const {
   return unique;
 }
 
-std::vector<KernelKey> int8_moe_kernel_keys(const MoEShape& shape, IsaLevel isa) {
+std::vector<KernelKey> int8_moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa) {
+  const int bits = fmt == WeightFormat::int4 ? 4 : 8;
   const int lanes = vec_lanes(isa);
-  auto gu =
-      formats::Int8StripLayout::make(shape.intermediate, shape.hidden, lanes, kInt8StripVecs, 2);
-  auto down =
-      formats::Int8StripLayout::make(shape.hidden, shape.intermediate, lanes, kInt8StripVecs, 1);
-  std::vector<KernelKey> keys = make_int8_kernel_set(isa, Epilogue::siluup, gu.tail_vecs).keys();
-  for (auto& k : make_int8_kernel_set(isa, Epilogue::accum, down.tail_vecs).keys())
+  auto gu = formats::Int8StripLayout::make(shape.intermediate, shape.hidden, lanes, kInt8StripVecs,
+                                           2, bits);
+  auto down = formats::Int8StripLayout::make(shape.hidden, shape.intermediate, lanes,
+                                             kInt8StripVecs, 1, bits);
+  std::vector<KernelKey> keys =
+      make_int8_kernel_set(isa, fmt, Epilogue::siluup, gu.tail_vecs).keys();
+  for (auto& k : make_int8_kernel_set(isa, fmt, Epilogue::accum, down.tail_vecs).keys())
     keys.push_back(k);
   return keys;
 }
@@ -194,8 +206,8 @@ void MoELayer::build_kernels() {
     if (sh.gu.tail_vecs != shards_[0].gu.tail_vecs ||
         sh.down.tail_vecs != shards_[0].down.tail_vecs)
       throw std::logic_error("MoELayer: shards with different tail strips are not supported yet");
-  gu_kernels_ = make_int8_kernel_set(isa_, Epilogue::siluup, shards_[0].gu.tail_vecs);
-  down_kernels_ = make_int8_kernel_set(isa_, Epilogue::accum, shards_[0].down.tail_vecs);
+  gu_kernels_ = make_int8_kernel_set(isa_, format_, Epilogue::siluup, shards_[0].gu.tail_vecs);
+  down_kernels_ = make_int8_kernel_set(isa_, format_, Epilogue::accum, shards_[0].down.tail_vecs);
   if (isa_ == IsaLevel::ref) return;
   auto& cache = KernelCache::instance();
   for (Int8KernelSet* ks : {&gu_kernels_, &down_kernels_}) {
@@ -234,6 +246,8 @@ void MoELayer::load_from_float(const void* gate, const void* up, const void* dow
     sh.scales = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
     sh.comps = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
   }
+  const auto quantize_w =
+      format_ == WeightFormat::int4 ? formats::quantize_row_int4 : formats::quantize_row_int8;
   pool.run([&](int tid, int nt) {
     int64_t e0, e1;
     split_range(E, tid, nt, &e0, &e1);
@@ -247,13 +261,13 @@ void MoELayer::load_from_float(const void* gate, const void* up, const void* dow
         const int64_t e = map ? map[p] : p;
         for (int64_t i = 0; i < is; ++i) {
           to_f32(gate, dt, (e * I + sh.i_begin + i) * H, H, row.data());
-          dg[size_t(i)] = formats::quantize_row_int8(row.data(), H, qg.data() + i * H);
+          dg[size_t(i)] = quantize_w(row.data(), H, qg.data() + i * H);
           to_f32(up, dt, (e * I + sh.i_begin + i) * H, H, row.data());
-          du[size_t(i)] = formats::quantize_row_int8(row.data(), H, qu.data() + i * H);
+          du[size_t(i)] = quantize_w(row.data(), H, qu.data() + i * H);
         }
         for (int64_t h = 0; h < H; ++h) {
           to_f32(down, dt, (e * H + h) * I + sh.i_begin, is, row.data());
-          dd[size_t(h)] = formats::quantize_row_int8(row.data(), is, qd.data() + h * is);
+          dd[size_t(h)] = quantize_w(row.data(), is, qd.data() + h * is);
         }
         int8_t* wb = sh.weights.as<int8_t>() + p * sh.expert_bytes;
         float* sb = sh.scales.as<float>() + p * sh.expert_cols;

@@ -60,9 +60,14 @@ struct Int8KernelSet {
   std::vector<KernelKey> keys() const;  // distinct keys, decode first
 };
 
-// The kernel keys (not yet generated) an INT8 layer of this shape uses at `isa`.
-Int8KernelSet make_int8_kernel_set(IsaLevel isa, Epilogue epi, int tail_vecs);
-std::vector<KernelKey> int8_moe_kernel_keys(const MoEShape& shape, IsaLevel isa);
+// Methods with generated kernels and their weight format; throws std::invalid_argument naming the
+// built methods for any other name.
+WeightFormat method_format(const std::string& method);
+const char* built_methods();
+
+// The kernel keys (not yet generated) an integer layer of this shape uses at `isa`.
+Int8KernelSet make_int8_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs);
+std::vector<KernelKey> int8_moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa);
 
 // A slice [i_begin, i_end) of the intermediate dimension of every expert (the unit a NUMA pool
 // owns). Gate/up of one expert are packed together, down follows; experts are back to back.
@@ -77,7 +82,7 @@ struct Int8Shard {
 
 class MoELayer {
  public:
-  // method: "AMXINT8" or "MOE_INT8". isa: a level to run at (<= selected_isa()).
+  // method: one of built_methods(). isa: a level to run at (<= selected_isa()).
   MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa, int shards = 1);
   ~MoELayer();
 
@@ -106,6 +111,7 @@ class MoELayer {
 
   MoEShape shape_;
   std::string method_;
+  WeightFormat format_;
   IsaLevel isa_;
   int lanes_;
   std::vector<Int8Shard> shards_;

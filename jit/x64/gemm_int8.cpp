@@ -27,7 +27,10 @@ class GemmInt8Generator : public JitGenerator {
         nv_(key.n_vec),
         mr_(key.m_r),
         vnni_(int(key.isa) >= int(IsaLevel::avx512_vnni)),
+        int4_(key.format == WeightFormat::int4),
         prefill_(key.kind == KernelKind::gemm_prefill) {
+    if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4)
+      throw std::invalid_argument("gemm_int8: weight format must be int8 or int4");
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
       throw std::invalid_argument("gemm_int8: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));
@@ -54,7 +57,7 @@ class GemmInt8Generator : public JitGenerator {
   const Reg64 reg_strip = rbp;   // strip start (prefill re-reads it per block)
   const Reg64 reg_tmp = rax;
   const Reg64 reg_tmp2 = rdx;
-  const Reg64 reg_pf = rdx;  // K loop of a prefetching block: distance to the next strip
+  const Reg64 reg_pf = rcx;  // prefill: next line of the next strip to prefetch
   // stack: [rsp] strips left
 
   int acc_idx(int m, int v) const { return m * nv_ + v; }
@@ -69,6 +72,8 @@ class GemmInt8Generator : public JitGenerator {
 
   int strip_cols() const { return nv_ * lanes_; }
   int strip_k4_bytes() const { return strip_cols() * 4; }
+  // Weight bytes per K step: 4-bit strips hold two steps per strip_k4_bytes() block.
+  int step_bytes() const { return int4_ ? strip_k4_bytes() / 2 : strip_k4_bytes(); }
   int out_cols() const { return int8_strip_out_cols(key_.isa, nv_, key_.epilogue); }
 
   Address arg(size_t off) const { return qword[reg_args + off]; }
@@ -101,17 +106,23 @@ class GemmInt8Generator : public JitGenerator {
         mov(reg_mb, arg(offsetof(GemmInt8Args, m_blocks)));
         test(reg_mb, reg_mb);
         jle(mb_done, T_NEAR);
-        // The first block also prefetches the next strip into L2, so its DRAM stream overlaps
-        // this strip's compute; the other blocks re-read this strip from L2.
-        mov(reg_w, reg_strip);
-        compute_block(true);
-        add(reg_row, mr_);
-        dec(reg_mb);
-        jz(mb_done, T_NEAR);
+        // Blocks 0-3 each prefetch a quarter of the next strip into L2 (one line per K step, about
+        // DRAM speed), so the next strip's DRAM stream overlaps this strip's compute; later
+        // blocks only re-read this strip from L2.
+        mov(reg_pf, arg(offsetof(GemmInt8Args, k4)));
+        imul(reg_pf, reg_pf, step_bytes());
+        add(reg_pf, reg_strip);
         L(mb_loop);
         {
+          Label no_pf, next;
           mov(reg_w, reg_strip);
+          cmp(reg_row, 4 * mr_);
+          jge(no_pf, T_NEAR);
+          compute_block(true);
+          jmp(next, T_NEAR);
+          L(no_pf);
           compute_block(false);
+          L(next);
           add(reg_row, mr_);
           dec(reg_mb);
           jnz(mb_loop, T_NEAR);
@@ -119,7 +130,7 @@ class GemmInt8Generator : public JitGenerator {
         L(mb_done);
         // Leave reg_w at the next strip whether or not any block ran.
         mov(reg_tmp, arg(offsetof(GemmInt8Args, k4)));
-        imul(reg_tmp, reg_tmp, strip_k4_bytes());
+        imul(reg_tmp, reg_tmp, step_bytes());
         lea(reg_w, ptr[reg_strip + reg_tmp]);
       } else {
         xor_(reg_row.cvt32(), reg_row.cvt32());
@@ -175,13 +186,12 @@ class GemmInt8Generator : public JitGenerator {
   void k_loop(bool prefetch_next) {
     Label loop, tail, tail_loop, done;
     mov(reg_k, arg(offsetof(GemmInt8Args, k4)));
-    if (prefetch_next) imul(reg_pf, reg_k, strip_k4_bytes());  // strip size: same spot, next strip
     cmp(reg_k, kUnroll);
     jl(tail, T_NEAR);
     L(loop);
     {
       for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
-      advance(kUnroll);
+      advance(kUnroll, prefetch_next);
       sub(reg_k, kUnroll);
       cmp(reg_k, kUnroll);
       jge(loop, T_NEAR);
@@ -191,29 +201,29 @@ class GemmInt8Generator : public JitGenerator {
     jle(done, T_NEAR);
     L(tail_loop);
     {
-      microkernel(0, prefetch_next);
-      advance(1);
-      dec(reg_k);
+      // 4-bit strips pack two K steps per byte block (k4 is even), so their tail goes by pairs.
+      const int g = int4_ ? 2 : 1;
+      for (int u = 0; u < g; ++u) microkernel(u, prefetch_next);
+      advance(g, prefetch_next);
+      sub(reg_k, g);
       jnz(tail_loop, T_NEAR);
     }
     L(done);
   }
 
-  void advance(int steps) {
+  void advance(int steps, bool prefetch_next) {
+    if (prefetch_next) add(reg_pf, 64 * steps);
     add(reg_a, 4 * steps);
     if (mr_ > 3) add(reg_a3, 4 * steps);
-    add(reg_w, strip_k4_bytes() * steps);
+    add(reg_w, step_bytes() * steps);
   }
 
   // One K step (`u` steps past the pointers): 4 k for every (row, vector) of the tile.
   void microkernel(int u, bool prefetch_next) {
-    const int woff = u * strip_k4_bytes();
-    if (prefetch_next)
-      for (int line = 0; line < strip_k4_bytes(); line += 64)
-        prefetcht1(ptr[reg_w + reg_pf + woff + line]);
-    const bool preload = vnni_ && mr_ > 1;
+    if (prefetch_next) prefetcht1(ptr[reg_pf + u * 64]);
+    const bool preload = vnni_ && (mr_ > 1 || int4_);
     if (preload)
-      for (int v = 0; v < nv_; ++v) vmovdqu8(wreg(v), vmem(reg_w + woff + v * vec_bytes()));
+      for (int v = 0; v < nv_; ++v) load_weights(wreg(v), v, u);
     for (int m = 0; m < mr_; ++m) {
       load_activation(m, u);
       for (int v = 0; v < nv_; ++v) {
@@ -221,11 +231,41 @@ class GemmInt8Generator : public JitGenerator {
           if (preload)
             vpdpbusd(acc(m, v), bcast(), wreg(v));
           else
-            vpdpbusd(acc(m, v), bcast(), vmem(reg_w + woff + v * vec_bytes()));
+            vpdpbusd(acc(m, v), bcast(), weight_mem(v, u));
         } else {
-          dot4_signed(acc(m, v), v, woff);
+          dot4_signed(acc(m, v), v, u);
         }
       }
+    }
+  }
+
+  // Bytes of vector v at K step u. For 4-bit weights, the byte block shared by steps 2p, 2p+1.
+  Address weight_mem(int v, int u) const {
+    const int woff = int4_ ? (u / 2) * strip_k4_bytes() : u * strip_k4_bytes();
+    return vmem(reg_w + woff + v * vec_bytes());
+  }
+
+  // The format's decode step: int8 weights of vector v at K step u into `dst` (4-bit: the nibble
+  // shifted to the top, i.e. 16 * q4, exact in int8).
+  void load_weights(const Xmm& dst, int v, int u) {
+    const Address mem = weight_mem(v, u);
+    if (!int4_) {
+      if (zmm_isa())
+        vmovdqu8(dst, mem);
+      else
+        vmovdqu(dst, mem);
+      return;
+    }
+    if (zmm_isa()) {
+      if (u % 2 == 0)
+        vpsllw(dst, mem, 4);
+      else
+        vmovdqu8(dst, mem);
+      vpandd(dst, dst, ptr_b[rip + c_f0_]);
+    } else {
+      vmovdqu(dst, mem);
+      if (u % 2 == 0) vpsllw(dst, dst, 4);
+      vpand(dst, dst, cpool(c_f0_));
     }
   }
 
@@ -246,14 +286,19 @@ class GemmInt8Generator : public JitGenerator {
 
   // acc += Σ_{4 k} |a| * (w * sign(a)): every pair sum is at most 2*127*127 < 2^15, so the
   // saturating vpmaddubsw is exact.
-  void dot4_signed(const Xmm& accv, int v, int woff) {
+  void dot4_signed(const Xmm& accv, int v, int u) {
     const Xmm t = tmp(v);
-    const Address wm = vmem(reg_w + woff + v * vec_bytes());
     if (zmm_isa()) {
-      vpxord(t, aux(), wm);  // (w ^ mask) - mask == -w where mask is all ones
+      // (w ^ mask) - mask == -w where mask is all ones
+      if (int4_) {
+        load_weights(t, v, u);
+        vpxord(t, aux(), t);
+      } else {
+        vpxord(t, aux(), weight_mem(v, u));
+      }
       vpsubb(t, t, aux());
     } else {
-      vmovdqu(t, wm);
+      load_weights(t, v, u);
       vpsignb(t, t, aux());
     }
     vpmaddubsw(t, bcast(), t);
@@ -350,6 +395,7 @@ class GemmInt8Generator : public JitGenerator {
   void emit_constants() {
     align(64);
     emit_const32(c_ones16_, 0x00010001u);
+    emit_const32(c_f0_, 0xf0f0f0f0u);
     emit_const32(c_sign_, 0x80000000u);
     emit_const32(c_max_, f32_bits(88.0f));
     emit_const32(c_min_, f32_bits(-87.0f));
@@ -363,8 +409,8 @@ class GemmInt8Generator : public JitGenerator {
 
   const KernelKey key_;
   const int lanes_, nv_, mr_;
-  const bool vnni_, prefill_;
-  Label c_ones16_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
+  const bool vnni_, int4_, prefill_;
+  Label c_ones16_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
 };
 
 }  // namespace

@@ -29,7 +29,7 @@ INFERENCE_METHODS = (
     "MOE_INT8",
 )
 #: Methods this build of kt-jit implements.
-BUILT_METHODS = ("AMXINT8", "MOE_INT8")
+BUILT_METHODS = tuple(m.strip() for m in _core.built_methods().split(","))
 #: Methods that take swiglu_limit / swiglu_alpha.
 SWIGLU_LIMIT_METHODS = ("MXFP4", "MXFP8")
 #: kt-kernel's modes.
@@ -100,8 +100,8 @@ class KTMoEWrapper:
     """Drop-in replacement for kt-kernel's ``KTMoEWrapper`` (inference mode).
 
     Same constructor parameters, names, order and defaults as kt-kernel's factory. Methods built in
-    this version: AMXINT8 and MOE_INT8 (same numerics: per-row symmetric int8 weights, per-token
-    int8 activations).
+    this version: AMXINT8 / MOE_INT8 (per-row symmetric int8 weights) and AMXINT4 / MOE_INT4
+    (per-row int4, kt-kernel's amax/112 scheme), all with per-token int8 activations.
     """
 
     _capture_batch_sizes: List[int] = []

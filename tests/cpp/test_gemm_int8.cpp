@@ -16,13 +16,14 @@ namespace {
 
 struct Problem {
   IsaLevel isa;
+  WeightFormat fmt;
   Epilogue epi;
   int64_t M, N, K;
   uint32_t seed;
   std::string repro() const {
     std::ostringstream s;
-    s << "repro: KT_JIT_ISA=" << isa_name(isa) << " epi=" << int(epi) << " M=" << M << " N=" << N
-      << " K=" << K << " seed=" << seed;
+    s << "repro: KT_JIT_ISA=" << isa_name(isa) << " fmt=" << int(fmt) << " epi=" << int(epi)
+      << " M=" << M << " N=" << N << " K=" << K << " seed=" << seed;
     return s.str();
   }
 };
@@ -39,14 +40,16 @@ struct Packed {
 Packed make_weights(const Problem& p) {
   Packed pk;
   const int sources = p.epi == Epilogue::siluup ? 2 : 1;
-  pk.layout = formats::Int8StripLayout::make(p.N, p.K, vec_lanes(p.isa), kInt8StripVecs, sources);
+  const bool int4 = p.fmt == WeightFormat::int4;
+  pk.layout = formats::Int8StripLayout::make(p.N, p.K, vec_lanes(p.isa), kInt8StripVecs, sources,
+                                             int4 ? 4 : 8);
   std::mt19937 rng(p.seed);
   std::uniform_int_distribution<int> qd(-127, 127);
   std::uniform_real_distribution<float> sd(0.001f, 0.02f);
   for (int s = 0; s < sources; ++s) {
     pk.q.emplace_back(size_t(p.N * p.K));
     pk.d.emplace_back(size_t(p.N));
-    for (auto& x : pk.q.back()) x = int8_t(qd(rng));
+    for (auto& x : pk.q.back()) x = int8_t(int4 ? 16 * (qd(rng) % 8) : qd(rng));  // 16*[-7,7]
     for (auto& x : pk.d.back()) x = sd(rng);
   }
   pk.w.resize(size_t(pk.layout.total_bytes()));
@@ -58,11 +61,12 @@ Packed make_weights(const Problem& p) {
   return pk;
 }
 
-KernelKey key_for(IsaLevel isa, KernelKind kind, int m_r, int n_vec, Epilogue epi) {
+KernelKey key_for(IsaLevel isa, KernelKind kind, int m_r, int n_vec, Epilogue epi,
+                  WeightFormat fmt = WeightFormat::int8) {
   KernelKey k;
   k.kind = kind;
   k.isa = isa;
-  k.format = WeightFormat::int8;
+  k.format = fmt;
   k.m_r = uint8_t(m_r);
   k.n_vec = uint8_t(n_vec);
   k.epilogue = epi;
@@ -80,7 +84,7 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
   const int out_full = int8_strip_out_cols(p.isa, l.strip_vecs, p.epi);
   auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
                   int64_t blocks) {
-    KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi);
+    KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi, p.fmt);
     GemmInt8Args args{};
     args.a = a.data() + row0 * lda;
     args.lda = lda;
@@ -167,23 +171,24 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
 TEST(GemmInt8, SweepMatchesReferenceBitwise) {
   const int64_t Ms[] = {1, 2, 3, 5, 17, 64};
   const int64_t Ns[] = {1, 7, 16, 24, 40, 64, 100};
-  const int64_t Ks[] = {1, 5, 64, 130};
+  const int64_t Ks[] = {1, 5, 12, 64, 130};
   uint32_t seed = 1;
   size_t checked = 0;
   for (IsaLevel isa : test::runnable_levels()) {
     std::vector<std::string> names;
-    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
-      for (int64_t M : Ms)
-        for (int64_t N : Ns)
-          for (int64_t K : Ks) {
-            check_problem({isa, epi, M, N, K, seed++}, &names);
-            if (HasFatalFailure()) return;
-            ++checked;
-          }
+    for (WeightFormat fmt : {WeightFormat::int8, WeightFormat::int4})
+      for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+        for (int64_t M : Ms)
+          for (int64_t N : Ns)
+            for (int64_t K : Ks) {
+              check_problem({isa, fmt, epi, M, N, K, seed++}, &names);
+              if (HasFatalFailure()) return;
+              ++checked;
+            }
     // Every kernel shape the sweep used was generated at this level.
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
-    EXPECT_GE(names.size(), 20u) << isa_name(isa);
+    EXPECT_GE(names.size(), 40u) << isa_name(isa);
   }
   EXPECT_GT(checked, 0u);
 }

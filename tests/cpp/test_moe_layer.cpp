@@ -61,14 +61,16 @@ TEST(MoELayer, GeneratedMatchesReferenceAndIsDeterministic) {
   for (IsaLevel isa : test::runnable_levels()) {
     for (const Case& c : cases) {
       Data d = make_data(c, seed++);
-      MoELayer layer(c.shape, "AMXINT8", isa);
+      const char* method = seed % 2 ? "AMXINT8" : "AMXINT4";
+      MoELayer layer(c.shape, method, isa);
       layer.load_from_float(d.gate.data(), d.up.data(), d.down.data(), SourceDType::f32, nullptr,
                             p2);
       auto ref = run(layer, c, d, p1, true);
       auto a = run(layer, c, d, p1, false);
       auto b = run(layer, c, d, p2, false);
       auto again = run(layer, c, d, p2, false);
-      const std::string where = std::string(isa_name(isa)) + " T=" + std::to_string(c.T) +
+      const std::string where = std::string(method) + " " + isa_name(isa) +
+                                " T=" + std::to_string(c.T) +
                                 " H=" + std::to_string(c.shape.hidden);
       ASSERT_EQ(0, std::memcmp(a.data(), ref.data(), a.size() * 4)) << where;
       ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "1 vs 2 threads " << where;
@@ -89,7 +91,7 @@ TEST(MoELayer, AllSlotsSkippedGivesZero) {
 }
 
 TEST(MoELayer, RejectsUnbuiltMethodAndBadMap) {
-  EXPECT_THROW(MoELayer({8, 2, 64, 32}, "AMXINT4", IsaLevel::ref), std::invalid_argument);
+  EXPECT_THROW(MoELayer({8, 2, 64, 32}, "FP8", IsaLevel::ref), std::invalid_argument);
   MoELayer layer({2, 1, 8, 8}, "AMXINT8", IsaLevel::ref);
   std::vector<float> g(2 * 8 * 8, 0.1f);
   int64_t map[2] = {0, 5};

@@ -32,8 +32,32 @@ def quantize_rows(w: torch.Tensor):
     return q, d
 
 
-def dequantize_rows(w: torch.Tensor) -> torch.Tensor:
-    q, d = quantize_rows(w)
+def quantize_rows_int4(w: torch.Tensor):
+    """AMXINT4 per row: d = amax/112, q8 = clamp(rne(w * (1/d)), -127, 127), then kt-kernel's
+    round_4bit_s8: q4 = sign(q8) * ((|q8| + 8) >> 4) in [-7, 7].
+
+    Returns (16 * q4 as float32 integers — the int8 value the kernels multiply — and d [..., 1]).
+    """
+    w = w.to(torch.float32)
+    amax = w.abs().amax(dim=-1, keepdim=True)
+    d = amax / 112.0
+    inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+    q8 = torch.clamp(torch.round(w * inv), -127.0, 127.0)
+    q4 = torch.sign(q8) * torch.floor((q8.abs() + 8.0) / 16.0)
+    return 16.0 * q4, d
+
+
+#: Weight quantizer per method (activations are always per-token int8).
+WEIGHT_QUANTIZERS = {
+    "AMXINT8": quantize_rows,
+    "MOE_INT8": quantize_rows,
+    "AMXINT4": quantize_rows_int4,
+    "MOE_INT4": quantize_rows_int4,
+}
+
+
+def dequantize_rows(w: torch.Tensor, quantizer=quantize_rows) -> torch.Tensor:
+    q, d = quantizer(w)
     return q * d
 
 
@@ -59,7 +83,7 @@ def _slots_by_expert(ids: torch.Tensor, E: int, mask):
         yield int(p), tok[sel], slot[sel]
 
 
-def moe_reference(x, ids, weights, gate, up, down, pmap=None, mask=None):
+def moe_reference(x, ids, weights, gate, up, down, pmap=None, mask=None, wq=quantize_rows):
     """fp32 MoE from the dequantized weights and the unquantized input.
 
     x [T, H] (any float), ids [T, K] physical slots, weights [T, K]; gate/up [E, I, H] and
@@ -70,9 +94,9 @@ def moe_reference(x, ids, weights, gate, up, down, pmap=None, mask=None):
     T, H = x.shape
     if pmap is None:
         pmap = torch.arange(E)
-    gq = dequantize_rows(gate)
-    uq = dequantize_rows(up)
-    dq = dequantize_rows(down)
+    gq = dequantize_rows(gate, wq)
+    uq = dequantize_rows(up, wq)
+    dq = dequantize_rows(down, wq)
     w = weights.to(torch.float32)
     out = torch.zeros(T, H, dtype=torch.float32)
     for p, tok, slot in _slots_by_expert(ids, E, mask):
@@ -83,7 +107,7 @@ def moe_reference(x, ids, weights, gate, up, down, pmap=None, mask=None):
     return out
 
 
-def moe_reference_actq(x, ids, weights, gate, up, down, pmap=None, mask=None):
+def moe_reference_actq(x, ids, weights, gate, up, down, pmap=None, mask=None, wq=quantize_rows):
     """As moe_reference, but with the same activation quantization as the INT8 kernels.
 
     x is quantized per token over H, the intermediate h = silu(g) * u per (expert, token) over I;
@@ -94,9 +118,9 @@ def moe_reference_actq(x, ids, weights, gate, up, down, pmap=None, mask=None):
     T, H = x.shape
     if pmap is None:
         pmap = torch.arange(E)
-    gq, gd = quantize_rows(gate)
-    uq, ud = quantize_rows(up)
-    dq, dd = quantize_rows(down)
+    gq, gd = wq(gate)
+    uq, ud = wq(up)
+    dq, dd = wq(down)
     gq, gd, uq, ud, dq, dd = (a.to(torch.float64) for a in (gq, gd, uq, ud, dq, dd))
     xq, xd = quantize_rows(x)  # per token over H
     xq, xd = xq.to(torch.float64), xd.to(torch.float64)
@@ -185,6 +209,8 @@ def ref():
     """The reference helpers as one namespace (tests use ``ref.moe_reference(...)`` etc.)."""
     return types.SimpleNamespace(
         quantize_rows=quantize_rows,
+        quantize_rows_int4=quantize_rows_int4,
+        WEIGHT_QUANTIZERS=WEIGHT_QUANTIZERS,
         dequantize_rows=dequantize_rows,
         silu=silu,
         moe_reference=moe_reference,
