@@ -1,0 +1,74 @@
+"""KT_JIT_DUMP, KT_JIT_PERF_MAP and KT_JIT_DEBUG: what a developer inspects generated code with."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kt_jit import _core
+
+RUN_LAYER = """
+import torch
+from kt_jit import _core
+_core.init_pool(1, 1)
+layer = _core.MoELayer(4, 2, 64, 48, "AMXINT8")
+g = torch.randn(4, 48, 64); d = torch.randn(4, 64, 48)
+layer.load_from_float(g.data_ptr(), g.data_ptr(), d.data_ptr(), "f32", 0)
+x = torch.randn(3, 64); ids = torch.tensor([[0, 1], [2, 3], [1, -1]]); w = torch.rand(3, 2)
+out = torch.empty(3, 64)
+layer.forward(3, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr())
+print("NAMES", ",".join(layer.kernel_names()))
+import os; print("PID", os.getpid())
+"""
+
+needs_jit = pytest.mark.skipif(_core.isa() == "ref", reason="this CPU selects the reference path")
+
+
+def _run(env_extra):
+    env = dict(os.environ)
+    env.pop("KT_JIT_ISA", None)
+    env.update(env_extra)
+    p = subprocess.run(
+        [sys.executable, "-c", RUN_LAYER], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    names = next(l for l in p.stdout.splitlines() if l.startswith("NAMES")).split()[1].split(",")
+    pid = int(next(l for l in p.stdout.splitlines() if l.startswith("PID")).split()[1])
+    return names, pid, p.stderr
+
+
+@needs_jit
+def test_dump_writes_every_kernel(tmp_path):
+    names, _, _ = _run({"KT_JIT_DUMP": str(tmp_path)})
+    for n in names:
+        code = (tmp_path / f"{n}.bin").read_bytes()
+        meta = json.loads((tmp_path / f"{n}.json").read_text())
+        assert meta["name"] == n and meta["bytes"] == len(code) > 0
+
+
+@needs_jit
+def test_perf_map_names_the_kernels():
+    names, pid, _ = _run({"KT_JIT_PERF_MAP": "1"})
+    path = f"/tmp/perf-{pid}.map"
+    try:
+        lines = open(path).read().splitlines()
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    mapped = {l.split()[2] for l in lines}
+    assert set(names) <= mapped
+    for l in lines:
+        addr, size, _ = l.split()
+        assert int(addr, 16) > 0 and int(size, 16) > 0
+
+
+@needs_jit
+def test_debug_logs_probe_choice_and_kernels():
+    names, _, err = _run({"KT_JIT_DEBUG": "1"})
+    assert "isa selected" in err
+    for n in names:
+        assert f"kernel {n}" in err
