@@ -14,7 +14,8 @@ if [ "${KT_JIT_SKIP_APT:-0}" != "1" ] && command -v apt-get >/dev/null 2>&1; the
     echo "== apt-get: build tools and libraries"
     $SUDO apt-get update
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libxbyak-dev libhwloc-dev libfmt-dev libgtest-dev binutils cmake g++ make pkg-config
+        libxbyak-dev libhwloc-dev libfmt-dev libgtest-dev binutils cmake g++ make pkg-config \
+        qemu-user
 fi
 
 echo "== pip: torch (CPU build, pinned), test and build tools"
