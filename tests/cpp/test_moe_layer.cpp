@@ -57,6 +57,7 @@ TEST(MoELayer, GeneratedMatchesReferenceAndIsDeterministic) {
                         {{8, 2, 100, 40}, 17},
                         {{4, 3, 64, 24}, 300}};
   ThreadPool p1(1, 1), p2(2, 1);
+  if (test::runnable_levels().empty()) GTEST_SKIP() << "this CPU runs no generated x86 level";
   uint32_t seed = 10;
   for (IsaLevel isa : test::runnable_levels()) {
     for (const Case& c : cases) {
