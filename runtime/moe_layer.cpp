@@ -17,6 +17,13 @@ int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
+// Row stride in bytes for scratch matrices: whole cache lines, and never a multiple of 1 KiB, so
+// the rows a register tile touches together do not share L1 sets (4K aliasing).
+int64_t unaliased_stride(int64_t row_bytes) {
+  const int64_t s = round_up(row_bytes, 64);
+  return s % 1024 == 0 ? s + 64 : s;
+}
+
 float bf16_to_f32(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;
   float f;
@@ -381,8 +388,8 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
     }
   s.T = T;
   s.rows = rows;
-  s.lda_x = round_up(H, 64);
-  s.p_stride = round_up(H, lanes_);
+  s.lda_x = unaliased_stride(H);
+  s.p_stride = unaliased_stride(H * 4) / 4;
   s.xq.resize(size_t(T * s.lda_x));
   s.xs.resize(size_t(T));
   s.aq.resize(size_t(std::max<int64_t>(rows, 1) * s.lda_x));
@@ -444,8 +451,8 @@ void MoELayer::forward_shard(const Int8Shard& sh, Scratch& s, bool reference, Th
   const int64_t is = sh.i_end - sh.i_begin;
   const int64_t rows = s.rows;
   const bool flip = int8_activation_offset(isa_);
-  s.h_stride = round_up(std::max<int64_t>(is, 1), lanes_);
-  s.lda_h = round_up(std::max<int64_t>(is, 1), 64);
+  s.h_stride = unaliased_stride(std::max<int64_t>(is, 1) * 4) / 4;
+  s.lda_h = unaliased_stride(std::max<int64_t>(is, 1));
   s.h.resize(size_t(rows * s.h_stride));
   s.hq.resize(size_t(rows * s.lda_h));
   s.hs.resize(size_t(rows));
