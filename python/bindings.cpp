@@ -11,6 +11,7 @@
 #include "runtime/machine_limits.hpp"
 #include "runtime/moe_layer.hpp"
 #include "runtime/thread_pool.hpp"
+#include "python/py_moe_layer.hpp"
 
 #ifndef KT_JIT_VERSION
 #define KT_JIT_VERSION "0.0.0+dev"
@@ -72,18 +73,9 @@ py::dict features_dict() {
   return d;
 }
 
-struct PyMoELayer {
-  std::unique_ptr<MoELayer> layer;
-
-  void forward(int64_t T, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t mask, uintptr_t out,
-               bool reference) {
-    py::gil_scoped_release release;
-    layer->forward(T, ptr<const float>(x), ptr<const int64_t>(ids), ptr<const float>(w),
-                   ptr<const bool>(mask), ptr<float>(out), ThreadPool::global(), reference);
-  }
-};
-
 }  // namespace
+
+void register_serving(pybind11::module_& m);  // python/bindings_serving.cpp
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "kt-jit core: CPU probe, generated kernels and the MoE executor";
@@ -209,4 +201,6 @@ PYBIND11_MODULE(_core, m) {
         return d;
       },
       "Measures the machine's read bandwidth and instruction peaks (takes a few seconds).");
+
+  register_serving(m);
 }

@@ -1,0 +1,146 @@
+// Serving bindings: kt_jit._core.TaskQueue, the FIFO of MoE forwards behind KTMoEWrapper's
+// submit_forward / sync_forward (runtime/task_queue.hpp). Tasks are C++ closures over raw data
+// pointers; the Python objects those pointers belong to (tensors, the layer) are kept alive by
+// the queue object until their task has finished, so a wrapper may be dropped with work in flight.
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "python/py_moe_layer.hpp"
+#include "runtime/task_queue.hpp"
+
+namespace py = pybind11;
+using namespace ktjit;
+
+namespace {
+
+struct PyTaskQueue {
+  // Touched only with the GIL held. Declared before q so that q (which drains and joins) is
+  // destroyed first.
+  std::deque<std::pair<uint64_t, py::object>> keep;
+  std::unique_ptr<TaskQueue> q = std::make_unique<TaskQueue>();
+
+  ~PyTaskQueue() {
+    if (!q) return;
+    py::gil_scoped_release release;  // queued Python callables need the GIL to finish
+    q.reset();
+  }
+
+  void release_done() {
+    const uint64_t done = q->completed();
+    while (!keep.empty() && keep.front().first <= done) keep.pop_front();
+  }
+
+  void hold(uint64_t seq, py::object o) {
+    if (!o.is_none()) keep.emplace_back(seq, std::move(o));
+  }
+
+  template <class Wait>
+  void blocking(Wait&& w) {
+    try {
+      {
+        py::gil_scoped_release release;
+        w();
+      }
+    } catch (...) {
+      release_done();
+      throw;
+    }
+    release_done();
+  }
+};
+
+uint64_t submit_forward(PyTaskQueue& self, py::object layer_obj, int64_t T, uintptr_t x,
+                        uintptr_t ids, uintptr_t w, uintptr_t mask, uintptr_t out,
+                        bool incremental, int64_t chunk, py::object keepalive) {
+  PyMoELayer& pl = layer_obj.cast<PyMoELayer&>();
+  if (!pl.layer) throw std::invalid_argument("submit_forward: the layer has no native state");
+  if (T < 0) throw std::invalid_argument("submit_forward: T must be >= 0");
+  MoELayer* layer = pl.layer.get();
+  const int64_t H = layer->shape().hidden, K = layer->shape().top_k;
+  if (chunk <= 0) chunk = T > 0 ? T : 1;
+  auto task = [=] {
+    if (T == 0) return;
+    std::lock_guard<std::mutex> lock(pool_mutex());
+    ThreadPool& pool = ThreadPool::global();
+    const float* xs = reinterpret_cast<const float*>(x);
+    const int64_t* is = reinterpret_cast<const int64_t*>(ids);
+    const float* ws = reinterpret_cast<const float*>(w);
+    const bool* ms = reinterpret_cast<const bool*>(mask);
+    float* dst = reinterpret_cast<float*>(out);
+    float* res = dst;
+    thread_local std::vector<float> scratch;  // incremental: result here, then added to out
+    if (incremental) {
+      scratch.resize(size_t(T * H));
+      res = scratch.data();
+    }
+    for (int64_t s = 0; s < T; s += chunk) {
+      const int64_t n = std::min(chunk, T - s);
+      layer->forward(n, xs + s * H, is + s * K, ws + s * K, ms, res + s * H, pool);
+    }
+    if (incremental)
+      for (int64_t i = 0, n = T * H; i < n; ++i) dst[i] += res[i];
+  };
+  self.release_done();
+  const uint64_t seq = self.q->submit(std::move(task));
+  self.hold(seq, layer_obj);
+  self.hold(seq, std::move(keepalive));
+  return seq;
+}
+
+uint64_t submit_callable(PyTaskQueue& self, py::object fn) {
+  if (!PyCallable_Check(fn.ptr())) throw py::type_error("submit: expected a callable");
+  PyObject* raw = fn.ptr();  // kept alive by self.keep until the task has run
+  self.release_done();
+  const uint64_t seq = self.q->submit([raw] {
+    py::gil_scoped_acquire gil;
+    try {
+      py::handle callable(raw);
+      callable();
+    } catch (py::error_already_set& e) {
+      throw std::runtime_error(e.what());
+    }
+  });
+  self.hold(seq, std::move(fn));
+  return seq;
+}
+
+}  // namespace
+
+void register_serving(py::module_& m) {
+  py::class_<PyTaskQueue>(m, "TaskQueue",
+                          "One worker thread running submitted tasks in order (kt-kernel's "
+                          "CPUInfer queue). Errors inside a task are raised at the next sync/wait.")
+      .def(py::init<>())
+      .def("submit_forward", &submit_forward, py::arg("layer"), py::arg("T"), py::arg("x_ptr"),
+           py::arg("ids_ptr"), py::arg("w_ptr"), py::arg("mask_ptr"), py::arg("out_ptr"),
+           py::arg("incremental") = false, py::arg("chunk") = 0,
+           py::arg("keepalive") = py::none(),
+           "Enqueue layer.forward over T rows in chunks of `chunk` (x fp32 [T,H], ids int64 "
+           "[T,K], w fp32 [T,K], mask bool [E] or 0, out fp32 [T,H]); incremental adds the result "
+           "into out. `keepalive` (and the layer) are held until the task finishes. Returns the "
+           "task's sequence number.")
+      .def("submit", &submit_callable, py::arg("fn"),
+           "Enqueue a Python callable (run on the worker thread with the GIL).")
+      .def(
+          "sync",
+          [](PyTaskQueue& self, int allow_pending) {
+            self.blocking([&] { self.q->sync(allow_pending); });
+          },
+          py::arg("allow_pending") = 0,
+          "Wait until at most allow_pending tasks remain; raise the first task error.")
+      .def(
+          "wait", [](PyTaskQueue& self, uint64_t seq) { self.blocking([&] { self.q->wait(seq); }); },
+          py::arg("seq"), "Wait until task `seq` has finished; raise the first task error.")
+      .def_property_readonly("submitted", [](const PyTaskQueue& s) { return s.q->submitted(); })
+      .def_property_readonly("completed", [](const PyTaskQueue& s) { return s.q->completed(); })
+      .def_property_readonly("pending", [](const PyTaskQueue& s) { return s.q->pending(); })
+      .def_property_readonly("held", [](const PyTaskQueue& s) { return s.keep.size(); });
+}
