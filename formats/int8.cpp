@@ -59,9 +59,9 @@ float quantize_row_int4(const float* x, int64_t k, int8_t* q16) {
   return d;
 }
 
-Int8StripLayout Int8StripLayout::make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
+StripLayout StripLayout::make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
                                       int bits) {
-  Int8StripLayout l;
+  StripLayout l;
   l.n = n;
   l.k = k;
   l.bits = bits;
@@ -76,7 +76,7 @@ Int8StripLayout Int8StripLayout::make(int64_t n, int64_t k, int lanes, int strip
   return l;
 }
 
-void packed_column_source(const Int8StripLayout& l, int64_t c, int* source, int64_t* row) {
+void packed_column_source(const StripLayout& l, int64_t c, int* source, int64_t* row) {
   const int64_t full_cols = l.full_strips * l.strip_cols(l.strip_vecs);
   int64_t strip, in;
   int cols;
@@ -95,7 +95,7 @@ void packed_column_source(const Int8StripLayout& l, int64_t c, int* source, int6
   *row = r < l.n ? r : -1;
 }
 
-void pack_int8_strips(const Int8StripLayout& l, const int8_t* const* q, const float* const* d,
+void pack_int8_strips(const StripLayout& l, const int8_t* const* q, const float* const* d,
                       int8_t* out, float* scale, int32_t* comp) {
   std::memset(out, 0, size_t(l.total_bytes()));
   int64_t c = 0;

@@ -30,7 +30,7 @@ float quantize_row_int4(const float* x, int64_t k, int8_t* q16);
 // of up. 4-bit strips hold two K steps per byte block: for K steps 2p and 2p+1 and each vector,
 // the vector's bytes of step 2p in the low nibbles and of step 2p+1 in the high nibbles (K is
 // padded to a multiple of 8).
-struct Int8StripLayout {
+struct StripLayout {
   int64_t n = 0;       // output rows of each source (N, or I for fused gate/up)
   int64_t k = 0;       // logical K
   int64_t k4 = 0;      // ceil(K / 4)
@@ -41,7 +41,7 @@ struct Int8StripLayout {
   int64_t full_strips = 0;
   int tail_vecs = 0;  // vectors in the last, narrower strip (0 = none)
 
-  static Int8StripLayout make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
+  static StripLayout make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
                               int bits = 8);
   int strip_cols(int vecs) const { return vecs * lanes; }
   int64_t strip_bytes(int vecs) const { return k4 * 4 * strip_cols(vecs) * bits / 8; }
@@ -58,10 +58,10 @@ struct Int8StripLayout {
 // Packs quantized rows (`q[src]` is n x k int8 row-major — for 4 bits the values 16 * q4 —
 // `d[src]` n scales) into `out`
 // (layout.total_bytes()), `scale` and `comp` (layout.total_cols() each). Padding is zero.
-void pack_int8_strips(const Int8StripLayout& layout, const int8_t* const* q, const float* const* d,
+void pack_int8_strips(const StripLayout& layout, const int8_t* const* q, const float* const* d,
                       int8_t* out, float* scale, int32_t* comp);
 
 // The logical (source, row) held by packed column `c`, or row -1 for padding.
-void packed_column_source(const Int8StripLayout& layout, int64_t c, int* source, int64_t* row);
+void packed_column_source(const StripLayout& layout, int64_t c, int* source, int64_t* row);
 
 }  // namespace ktjit::formats

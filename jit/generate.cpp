@@ -3,7 +3,7 @@
 
 #include "jit/kernel.hpp"
 #include "jit/x64/bench_loops.hpp"
-#include "jit/x64/gemm_int8.hpp"
+#include "jit/x64/gemm.hpp"
 
 namespace ktjit {
 
@@ -12,7 +12,7 @@ std::vector<uint8_t> generate_code(const KernelKey& key) {
     case KernelKind::gemm_decode:
     case KernelKind::gemm_prefill:
       if (key.format == WeightFormat::int8 || key.format == WeightFormat::int4)
-        return x64::generate_gemm_int8(key);
+        return x64::generate_gemm(key);
       break;
     case KernelKind::peak_loop: return x64::generate_peak_loop(key);
     case KernelKind::read_stream: return x64::generate_read_stream(key);

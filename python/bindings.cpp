@@ -158,7 +158,7 @@ PYBIND11_MODULE(_core, m) {
           throw std::invalid_argument(
               "dump: AMX kernels are not generated yet (issue: AMX and AArch64 code generation)");
         py::list out;
-        for (const KernelKey& key : int8_moe_kernel_keys(MoEShape{E, K, H, I}, fmt, level)) {
+        for (const KernelKey& key : moe_kernel_keys(MoEShape{E, K, H, I}, fmt, level)) {
           auto k = KernelCache::generate_only(key);
           py::dict d;
           d["name"] = k->name;

@@ -131,13 +131,13 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
   const int64_t units = (shape.intermediate + lanes_ - 1) / lanes_;
   if (shards > units) shards = int(units);
   for (int s = 0; s < shards; ++s) {
-    Int8Shard sh;
+    Shard sh;
     sh.i_begin = std::min(shape.intermediate, units * s / shards * lanes_);
     sh.i_end = std::min(shape.intermediate, units * (s + 1) / shards * lanes_);
     const int64_t is = sh.i_end - sh.i_begin;
     const int bits = format_ == WeightFormat::int4 ? 4 : 8;
-    sh.gu = formats::Int8StripLayout::make(is, shape.hidden, lanes_, kInt8StripVecs, 2, bits);
-    sh.down = formats::Int8StripLayout::make(shape.hidden, is, lanes_, kInt8StripVecs, 1, bits);
+    sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, bits);
+    sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, bits);
     sh.expert_bytes = sh.gu.total_bytes() + sh.down.total_bytes();
     sh.expert_cols = sh.gu.total_cols() + sh.down.total_cols();
     shards_.push_back(std::move(sh));
@@ -158,11 +158,11 @@ const char* built_methods() {
   return "AMXINT8, MOE_INT8, AMXINT4, MOE_INT4";
 }
 
-Int8KernelSet make_int8_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs) {
-  Int8KernelSet ks;
+GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs) {
+  GemmKernelSet ks;
   ks.isa = isa;
   ks.epilogue = epi;
-  ks.max_rows = int8_max_rows(isa);
+  ks.max_rows = gemm_max_rows(isa);
   auto key = [&](KernelKind kind, int m_r, int nv) {
     KernelKey k;
     k.kind = kind;
@@ -173,17 +173,17 @@ Int8KernelSet make_int8_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     k.epilogue = epi;
     return k;
   };
-  const int tail = tail_vecs ? tail_vecs : kInt8StripVecs;
+  const int tail = tail_vecs ? tail_vecs : kStripVecs;
   for (int m = 1; m <= ks.max_rows; ++m) {
-    ks.decode_full.push_back(key(KernelKind::gemm_decode, m, kInt8StripVecs));
+    ks.decode_full.push_back(key(KernelKind::gemm_decode, m, kStripVecs));
     ks.decode_tail.push_back(key(KernelKind::gemm_decode, m, tail));
   }
-  ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kInt8StripVecs);
+  ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kStripVecs);
   ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
   return ks;
 }
 
-std::vector<KernelKey> Int8KernelSet::keys() const {
+std::vector<KernelKey> GemmKernelSet::keys() const {
   std::vector<KernelKey> k = decode_full;
   k.insert(k.end(), decode_tail.begin(), decode_tail.end());
   k.push_back(prefill_full);
@@ -194,16 +194,16 @@ std::vector<KernelKey> Int8KernelSet::keys() const {
   return unique;
 }
 
-std::vector<KernelKey> int8_moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa) {
+std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa) {
   const int bits = fmt == WeightFormat::int4 ? 4 : 8;
   const int lanes = vec_lanes(isa);
-  auto gu = formats::Int8StripLayout::make(shape.intermediate, shape.hidden, lanes, kInt8StripVecs,
+  auto gu = formats::StripLayout::make(shape.intermediate, shape.hidden, lanes, kStripVecs,
                                            2, bits);
-  auto down = formats::Int8StripLayout::make(shape.hidden, shape.intermediate, lanes,
-                                             kInt8StripVecs, 1, bits);
+  auto down = formats::StripLayout::make(shape.hidden, shape.intermediate, lanes,
+                                             kStripVecs, 1, bits);
   std::vector<KernelKey> keys =
-      make_int8_kernel_set(isa, fmt, Epilogue::siluup, gu.tail_vecs).keys();
-  for (auto& k : make_int8_kernel_set(isa, fmt, Epilogue::accum, down.tail_vecs).keys())
+      make_gemm_kernel_set(isa, fmt, Epilogue::siluup, gu.tail_vecs).keys();
+  for (auto& k : make_gemm_kernel_set(isa, fmt, Epilogue::accum, down.tail_vecs).keys())
     keys.push_back(k);
   return keys;
 }
@@ -213,11 +213,11 @@ void MoELayer::build_kernels() {
     if (sh.gu.tail_vecs != shards_[0].gu.tail_vecs ||
         sh.down.tail_vecs != shards_[0].down.tail_vecs)
       throw std::logic_error("MoELayer: shards with different tail strips are not supported yet");
-  gu_kernels_ = make_int8_kernel_set(isa_, format_, Epilogue::siluup, shards_[0].gu.tail_vecs);
-  down_kernels_ = make_int8_kernel_set(isa_, format_, Epilogue::accum, shards_[0].down.tail_vecs);
+  gu_kernels_ = make_gemm_kernel_set(isa_, format_, Epilogue::siluup, shards_[0].gu.tail_vecs);
+  down_kernels_ = make_gemm_kernel_set(isa_, format_, Epilogue::accum, shards_[0].down.tail_vecs);
   if (isa_ == IsaLevel::ref) return;
   auto& cache = KernelCache::instance();
-  for (Int8KernelSet* ks : {&gu_kernels_, &down_kernels_}) {
+  for (GemmKernelSet* ks : {&gu_kernels_, &down_kernels_}) {
     for (auto& k : ks->decode_full) ks->decode_full_k.push_back(cache.get(k));
     for (auto& k : ks->decode_tail) ks->decode_tail_k.push_back(cache.get(k));
     ks->prefill_full_k = cache.get(ks->prefill_full);
@@ -227,7 +227,7 @@ void MoELayer::build_kernels() {
 
 std::vector<std::string> MoELayer::kernel_names() const {
   std::vector<std::string> names;
-  for (const Int8KernelSet* ks : {&gu_kernels_, &down_kernels_})
+  for (const GemmKernelSet* ks : {&gu_kernels_, &down_kernels_})
     for (auto& k : ks->keys()) names.push_back(k.name());
   return names;
 }
@@ -292,16 +292,16 @@ void MoELayer::load_from_float(const void* gate, const void* up, const void* dow
   loaded_ = true;
 }
 
-void MoELayer::run_gemm(const Int8KernelSet& ks, const formats::Int8StripLayout& layout,
+void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout,
                         bool reference, const int8_t* w, const float* scale, const int32_t* comp,
                         int64_t strip_begin, int64_t strip_end, const int8_t* a, int64_t lda,
                         const float* a_scale, int64_t rows, float* const* out_rows,
                         int64_t out_col0, const float* row_weight) const {
   const int full_cols = layout.strip_cols(layout.strip_vecs);
-  const int out_full = int8_strip_out_cols(isa_, layout.strip_vecs, ks.epilogue);
+  const int out_full = gemm_strip_out_cols(isa_, layout.strip_vecs, ks.epilogue);
   auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
                   int64_t m_blocks) {
-    GemmInt8Args args;
+    GemmArgs args;
     args.a = a + row0 * lda;
     args.lda = lda;
     args.w = w + layout.strip_offset(s0);
@@ -315,9 +315,9 @@ void MoELayer::run_gemm(const Int8KernelSet& ks, const formats::Int8StripLayout&
     args.row_weight = row_weight ? row_weight + row0 : nullptr;
     args.m_blocks = m_blocks;
     if (reference || !k)
-      gemm_int8_ref(key, args);
+      gemm_ref(key, args);
     else
-      reinterpret_cast<GemmInt8Fn>(const_cast<void*>(k->entry()))(&args);
+      reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
   };
   const bool ref = reference || isa_ == IsaLevel::ref;
   auto pick = [&](const std::vector<KernelKey>& keys, const std::vector<const Kernel*>& ks_,
@@ -447,7 +447,7 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
   });
 }
 
-void MoELayer::forward_shard(const Int8Shard& sh, Scratch& s, bool reference, ThreadPool& pool) {
+void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, ThreadPool& pool) {
   const int64_t is = sh.i_end - sh.i_begin;
   const int64_t rows = s.rows;
   const bool flip = int8_activation_offset(isa_);

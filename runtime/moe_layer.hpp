@@ -11,7 +11,7 @@
 
 #include "formats/int8.hpp"
 #include "jit/cpu/cpu.hpp"
-#include "jit/gemm_int8.hpp"
+#include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
 #include "runtime/thread_pool.hpp"
 
@@ -48,7 +48,7 @@ class AlignedBuffer {
 
 // Kernels of one matrix kind (gate/up or down) at one ISA: decode kernels for m_r = 1..max rows,
 // a prefill kernel at max rows, each for full and tail strips.
-struct Int8KernelSet {
+struct GemmKernelSet {
   IsaLevel isa = IsaLevel::ref;
   Epilogue epilogue = Epilogue::store;
   int max_rows = 1;
@@ -66,14 +66,14 @@ WeightFormat method_format(const std::string& method);
 const char* built_methods();
 
 // The kernel keys (not yet generated) an integer layer of this shape uses at `isa`.
-Int8KernelSet make_int8_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs);
-std::vector<KernelKey> int8_moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa);
+GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs);
+std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa);
 
 // A slice [i_begin, i_end) of the intermediate dimension of every expert (the unit a NUMA pool
 // owns). Gate/up of one expert are packed together, down follows; experts are back to back.
-struct Int8Shard {
+struct Shard {
   int64_t i_begin = 0, i_end = 0;
-  formats::Int8StripLayout gu, down;
+  formats::StripLayout gu, down;
   AlignedBuffer weights;  // per expert: gu bytes then down bytes
   AlignedBuffer scales;   // per expert: gu cols then down cols (float)
   AlignedBuffer comps;    // per expert: gu cols then down cols (int32)
@@ -103,19 +103,19 @@ class MoELayer {
  private:
   struct Scratch;
   void build_kernels();
-  void run_gemm(const Int8KernelSet& ks, const formats::Int8StripLayout& layout, bool reference,
+  void run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout, bool reference,
                 const int8_t* w, const float* scale, const int32_t* comp, int64_t strip_begin,
                 int64_t strip_end, const int8_t* a, int64_t lda, const float* a_scale, int64_t rows,
                 float* const* out_rows, int64_t out_col0, const float* row_weight) const;
-  void forward_shard(const Int8Shard& sh, Scratch& s, bool reference, ThreadPool& pool);
+  void forward_shard(const Shard& sh, Scratch& s, bool reference, ThreadPool& pool);
 
   MoEShape shape_;
   std::string method_;
   WeightFormat format_;
   IsaLevel isa_;
   int lanes_;
-  std::vector<Int8Shard> shards_;
-  Int8KernelSet gu_kernels_, down_kernels_;
+  std::vector<Shard> shards_;
+  GemmKernelSet gu_kernels_, down_kernels_;
   bool loaded_ = false;
   std::unique_ptr<Scratch> scratch_;
   std::mutex mu_;

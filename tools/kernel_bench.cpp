@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "formats/int8.hpp"
-#include "jit/gemm_int8.hpp"
+#include "jit/gemm.hpp"
 #include "jit/x64/bench_loops.hpp"
 #include "runtime/machine_limits.hpp"
 #include "runtime/moe_layer.hpp"
@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
                                           : Epilogue::store;
   const int lanes = vec_lanes(isa);
   auto l =
-      formats::Int8StripLayout::make(N, K, lanes, kInt8StripVecs, epi == Epilogue::siluup ? 2 : 1);
+      formats::StripLayout::make(N, K, lanes, kStripVecs, epi == Epilogue::siluup ? 2 : 1);
   std::mt19937 rng(1);
   std::vector<int8_t> q(size_t(N * K));
   AlignedBuffer wbuf(size_t(l.total_bytes()));  // the layer's weights are 64-byte aligned too
@@ -45,18 +45,18 @@ int main(int argc, char** argv) {
   std::vector<float> as(size_t(M), 0.01f), rw(size_t(M), 0.5f), out(size_t(M * l.total_cols()));
   std::vector<float*> rows;
   for (int64_t m = 0; m < M; ++m) rows.push_back(out.data() + m * l.total_cols());
-  const int mr = int8_max_rows(isa);
+  const int mr = gemm_max_rows(isa);
   KernelKey key;
   key.kind = M > mr ? KernelKind::gemm_prefill : KernelKind::gemm_decode;
   key.isa = isa;
   key.m_r = uint8_t(M > mr ? mr : M);
-  key.n_vec = kInt8StripVecs;
+  key.n_vec = kStripVecs;
   key.epilogue = epi;
   const Kernel* k = KernelCache::instance().get(key);
   if (!k) return 1;
-  GemmInt8Args args{a.data(),    lda,         w, l.full_strips, l.k4,  as.data(), sc.data(),
+  GemmArgs args{a.data(),    lda,         w, l.full_strips, l.k4,  as.data(), sc.data(),
                     comp.data(), rows.data(), 0, rw.data(),     M / mr};
-  auto fn = reinterpret_cast<GemmInt8Fn>(const_cast<void*>(k->entry()));
+  auto fn = reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()));
   const int64_t rows_done = M > mr ? M / mr * mr : M;
   const double ops =
       2.0 * double(rows_done) * double(l.full_strips * l.strip_cols(4)) * double(l.padded_k());

@@ -36,7 +36,7 @@ TEST(FormatInt8, PackedColumnsRoundTrip) {
   for (int sources : {1, 2})
     for (int64_t n : {1, 15, 16, 33, 70})
       for (int64_t k : {1, 6, 64}) {
-        auto l = formats::Int8StripLayout::make(n, k, 16, 4, sources);
+        auto l = formats::StripLayout::make(n, k, 16, 4, sources);
         std::vector<std::vector<int8_t>> q(size_t(sources), std::vector<int8_t>(size_t(n * k)));
         std::vector<std::vector<float>> d(static_cast<size_t>(sources),
                                           std::vector<float>(static_cast<size_t>(n)));

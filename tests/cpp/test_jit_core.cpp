@@ -3,7 +3,7 @@
 #include <fstream>
 #include <string>
 
-#include "jit/gemm_int8.hpp"
+#include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
 #include "test_util.hpp"
 
@@ -24,7 +24,7 @@ TEST(JitCore, NoMappingIsWritableAndExecutable) {
   auto levels = test::runnable_levels();
   if (levels.empty()) GTEST_SKIP() << "this CPU runs no generated x86 level";
   for (IsaLevel isa : levels)
-    for (int m = 1; m <= int8_max_rows(isa); ++m)
+    for (int m = 1; m <= gemm_max_rows(isa); ++m)
       ASSERT_NE(KernelCache::instance().get(some_key(isa, m)), nullptr);
   std::ifstream maps("/proc/self/maps");
   std::string line;

@@ -17,7 +17,7 @@
 namespace ktjit {
 
 // Passed by pointer to every generated INT8 GEMM kernel (offsets are part of the ABI).
-struct GemmInt8Args {
+struct GemmArgs {
   const int8_t* a;        // activations: row m at a + m*lda, k4*4 bytes; see int8_activation_offset
   int64_t lda;            // bytes
   const int8_t* w;        // first packed strip
@@ -31,9 +31,9 @@ struct GemmInt8Args {
   const float* row_weight;  // per row routing weight (accum epilogue)
   int64_t m_blocks;         // prefill kernels: number of m_r-row blocks
 };
-static_assert(offsetof(GemmInt8Args, m_blocks) == 88, "GemmInt8Args is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, m_blocks) == 88, "GemmArgs is part of the kernel ABI");
 
-using GemmInt8Fn = void (*)(const GemmInt8Args*);
+using GemmFn = void (*)(const GemmArgs*);
 
 // VNNI levels (vpdpbusd multiplies unsigned by signed bytes) take activations stored as
 // a + 128 (the int8 byte XOR 0x80); the other levels take the int8 bytes as they are.
@@ -42,18 +42,18 @@ inline bool int8_activation_offset(IsaLevel isa) {
 }
 
 // Strips are 4 vectors of columns wide; a tail strip may hold fewer vectors.
-constexpr int kInt8StripVecs = 4;
+constexpr int kStripVecs = 4;
 // Register-tile rows the prefill kernel uses at each level (limited by the register file).
-int int8_max_rows(IsaLevel isa);
+int gemm_max_rows(IsaLevel isa);
 
 // Output columns written per strip of `n_vec` vectors.
-inline int int8_strip_out_cols(IsaLevel isa, int n_vec, Epilogue e) {
+inline int gemm_strip_out_cols(IsaLevel isa, int n_vec, Epilogue e) {
   return (e == Epilogue::siluup ? n_vec / 2 : n_vec) * vec_lanes(isa);
 }
 
 // Reference twin of a generated kernel: same ABI, same numerics, bit for bit.
 // `m_rows` is the number of rows of one block (the key's m_r).
-void gemm_int8_ref(const KernelKey& key, const GemmInt8Args& args);
+void gemm_ref(const KernelKey& key, const GemmArgs& args);
 
 // The polynomial exp used by the SiLU epilogue (kt-kernel's exp_avx512 coefficients).
 float exp_ref(float x);

@@ -4,11 +4,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "jit/gemm_int8.hpp"
+#include "jit/gemm.hpp"
 
 namespace ktjit {
 
-int int8_max_rows(IsaLevel isa) {
+int gemm_max_rows(IsaLevel isa) {
   return isa == IsaLevel::avx2 ? 3 : 6;
 }
 
@@ -52,11 +52,11 @@ int32_t packed_weight(const int8_t* strip, int64_t step, int cols, int n, int j,
 }
 }  // namespace
 
-void gemm_int8_ref(const KernelKey& key, const GemmInt8Args& args) {
+void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const bool int4 = key.format == WeightFormat::int4;
   const int lanes = vec_lanes(key.isa);
   const int cols = key.n_vec * lanes;
-  const int out_cols = int8_strip_out_cols(key.isa, key.n_vec, key.epilogue);
+  const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
   const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
   const int rows = key.m_r;
   const int32_t offset = int8_activation_offset(key.isa) ? 128 : 0;

@@ -5,11 +5,11 @@
 //   avx512:       |a| * (w with a's sign) via vpmaddubsw, exact because |a|,|w| <= 127,
 //                 then vpmaddwd with ones to int32
 //   avx2:         the same with vpsignb on ymm.
-#include "jit/x64/gemm_int8.hpp"
+#include "jit/x64/gemm.hpp"
 
 #include <stdexcept>
 
-#include "jit/gemm_int8.hpp"
+#include "jit/gemm.hpp"
 #include "jit/x64/generator.hpp"
 
 namespace ktjit::x64 {
@@ -18,9 +18,9 @@ namespace {
 using namespace Xbyak;
 using namespace Xbyak::util;
 
-class GemmInt8Generator : public JitGenerator {
+class GemmGenerator : public JitGenerator {
  public:
-  explicit GemmInt8Generator(const KernelKey& key)
+  explicit GemmGenerator(const KernelKey& key)
       : JitGenerator(key.isa),
         key_(key),
         lanes_(vec_lanes(key.isa)),
@@ -34,7 +34,7 @@ class GemmInt8Generator : public JitGenerator {
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
       throw std::invalid_argument("gemm_int8: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));
-    if (nv_ < 1 || nv_ > kInt8StripVecs || mr_ < 1 || mr_ > int8_max_rows(key.isa))
+    if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > gemm_max_rows(key.isa))
       throw std::invalid_argument("gemm_int8: tile out of range: " + key.describe());
     if (key.epilogue == Epilogue::siluup && nv_ % 2)
       throw std::invalid_argument("gemm_int8: siluup needs an even number of vectors");
@@ -74,7 +74,7 @@ class GemmInt8Generator : public JitGenerator {
   int strip_k4_bytes() const { return strip_cols() * 4; }
   // Weight bytes per K step: 4-bit strips hold two steps per strip_k4_bytes() block.
   int step_bytes() const { return int4_ ? strip_k4_bytes() / 2 : strip_k4_bytes(); }
-  int out_cols() const { return int8_strip_out_cols(key_.isa, nv_, key_.epilogue); }
+  int out_cols() const { return gemm_strip_out_cols(key_.isa, nv_, key_.epilogue); }
 
   Address arg(size_t off) const { return qword[reg_args + off]; }
   RegExp a_row(int m) const {
@@ -93,7 +93,7 @@ class GemmInt8Generator : public JitGenerator {
     preamble(16);
     load_params();
     Label strip_loop, done;
-    mov(reg_tmp, arg(offsetof(GemmInt8Args, n_strips)));
+    mov(reg_tmp, arg(offsetof(GemmArgs, n_strips)));
     test(reg_tmp, reg_tmp);
     jle(done, T_NEAR);
     mov(qword[rsp], reg_tmp);
@@ -103,13 +103,13 @@ class GemmInt8Generator : public JitGenerator {
       if (prefill_) {
         Label mb_loop, mb_done;
         xor_(reg_row.cvt32(), reg_row.cvt32());
-        mov(reg_mb, arg(offsetof(GemmInt8Args, m_blocks)));
+        mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
         test(reg_mb, reg_mb);
         jle(mb_done, T_NEAR);
         // Blocks 0-3 each prefetch a quarter of the next strip into L2 (one line per K step, about
         // DRAM speed), so the next strip's DRAM stream overlaps this strip's compute; later
         // blocks only re-read this strip from L2.
-        mov(reg_pf, arg(offsetof(GemmInt8Args, k4)));
+        mov(reg_pf, arg(offsetof(GemmArgs, k4)));
         imul(reg_pf, reg_pf, step_bytes());
         add(reg_pf, reg_strip);
         L(mb_loop);
@@ -129,7 +129,7 @@ class GemmInt8Generator : public JitGenerator {
         }
         L(mb_done);
         // Leave reg_w at the next strip whether or not any block ran.
-        mov(reg_tmp, arg(offsetof(GemmInt8Args, k4)));
+        mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
         imul(reg_tmp, reg_tmp, step_bytes());
         lea(reg_w, ptr[reg_strip + reg_tmp]);
       } else {
@@ -148,11 +148,11 @@ class GemmInt8Generator : public JitGenerator {
   }
 
   void load_params() {
-    mov(reg_w, arg(offsetof(GemmInt8Args, w)));
-    mov(reg_lda, arg(offsetof(GemmInt8Args, lda)));
-    mov(reg_wscale, arg(offsetof(GemmInt8Args, w_scale)));
-    mov(reg_comp, arg(offsetof(GemmInt8Args, w_comp)));
-    mov(reg_col, arg(offsetof(GemmInt8Args, out_col)));
+    mov(reg_w, arg(offsetof(GemmArgs, w)));
+    mov(reg_lda, arg(offsetof(GemmArgs, lda)));
+    mov(reg_wscale, arg(offsetof(GemmArgs, w_scale)));
+    mov(reg_comp, arg(offsetof(GemmArgs, w_comp)));
+    mov(reg_col, arg(offsetof(GemmArgs, out_col)));
     shl(reg_col, 2);
     if (!vnni_) vmovups(ones16(), cpool(c_ones16_));
   }
@@ -161,7 +161,7 @@ class GemmInt8Generator : public JitGenerator {
   void compute_block(bool prefetch_next) {
     mov(reg_a, reg_row);
     imul(reg_a, reg_lda);
-    add(reg_a, arg(offsetof(GemmInt8Args, a)));
+    add(reg_a, arg(offsetof(GemmArgs, a)));
     if (mr_ > 3) {
       lea(reg_a3, ptr[reg_a + reg_lda * 2]);
       add(reg_a3, reg_lda);
@@ -185,7 +185,7 @@ class GemmInt8Generator : public JitGenerator {
   static constexpr int kUnroll = 4;
   void k_loop(bool prefetch_next) {
     Label loop, tail, tail_loop, done;
-    mov(reg_k, arg(offsetof(GemmInt8Args, k4)));
+    mov(reg_k, arg(offsetof(GemmArgs, k4)));
     cmp(reg_k, kUnroll);
     jl(tail, T_NEAR);
     L(loop);
@@ -308,7 +308,7 @@ class GemmInt8Generator : public JitGenerator {
 
   // ---- epilogue -----------------------------------------------------------------------------
   void epilogue() {
-    mov(reg_tmp, arg(offsetof(GemmInt8Args, a_scale)));
+    mov(reg_tmp, arg(offsetof(GemmArgs, a_scale)));
     lea(reg_tmp, ptr[reg_tmp + reg_row * 4]);
     // y = (a_scale * w_scale) * float(acc)
     const Xmm s = vreg(num_vregs() - 4);
@@ -330,7 +330,7 @@ class GemmInt8Generator : public JitGenerator {
   }
 
   void out_row_ptr(const Reg64& dst, int m) {
-    mov(dst, arg(offsetof(GemmInt8Args, out_rows)));
+    mov(dst, arg(offsetof(GemmArgs, out_rows)));
     lea(dst, ptr[dst + reg_row * 8]);
     mov(dst, qword[dst + m * 8]);
     add(dst, reg_col);
@@ -346,7 +346,7 @@ class GemmInt8Generator : public JitGenerator {
   void accum_rows() {
     const Xmm wgt = vreg(num_vregs() - 4);
     const Xmm o = vreg(num_vregs() - 3);
-    mov(reg_tmp2, arg(offsetof(GemmInt8Args, row_weight)));
+    mov(reg_tmp2, arg(offsetof(GemmArgs, row_weight)));
     lea(reg_tmp2, ptr[reg_tmp2 + reg_row * 4]);
     for (int m = 0; m < mr_; ++m) {
       out_row_ptr(reg_tmp, m);
@@ -415,8 +415,8 @@ class GemmInt8Generator : public JitGenerator {
 
 }  // namespace
 
-std::vector<uint8_t> generate_gemm_int8(const KernelKey& key) {
-  GemmInt8Generator g(key);
+std::vector<uint8_t> generate_gemm(const KernelKey& key) {
+  GemmGenerator g(key);
   return g.bytes();
 }
 

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "formats/int8.hpp"
-#include "jit/gemm_int8.hpp"
+#include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
 #include "test_util.hpp"
 
@@ -29,7 +29,7 @@ struct Problem {
 };
 
 struct Packed {
-  formats::Int8StripLayout layout;
+  formats::StripLayout layout;
   std::vector<int8_t> w;
   std::vector<float> scale;
   std::vector<int32_t> comp;
@@ -41,7 +41,7 @@ Packed make_weights(const Problem& p) {
   Packed pk;
   const int sources = p.epi == Epilogue::siluup ? 2 : 1;
   const bool int4 = p.fmt == WeightFormat::int4;
-  pk.layout = formats::Int8StripLayout::make(p.N, p.K, vec_lanes(p.isa), kInt8StripVecs, sources,
+  pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources,
                                              int4 ? 4 : 8);
   std::mt19937 rng(p.seed);
   std::uniform_int_distribution<int> qd(-127, 127);
@@ -79,13 +79,13 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
              const std::vector<float>& as, std::vector<float*>& out_rows,
              const std::vector<float>& rw, bool use_ref, std::vector<std::string>* names) {
   const auto& l = pk.layout;
-  const int max_rows = int8_max_rows(p.isa);
+  const int max_rows = gemm_max_rows(p.isa);
   const int full_cols = l.strip_cols(l.strip_vecs);
-  const int out_full = int8_strip_out_cols(p.isa, l.strip_vecs, p.epi);
+  const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, p.epi);
   auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
                   int64_t blocks) {
     KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi, p.fmt);
-    GemmInt8Args args{};
+    GemmArgs args{};
     args.a = a.data() + row0 * lda;
     args.lda = lda;
     args.w = pk.w.data() + l.strip_offset(s0);
@@ -99,12 +99,12 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     args.row_weight = rw.data() + row0;
     args.m_blocks = blocks;
     if (use_ref) {
-      gemm_int8_ref(key, args);
+      gemm_ref(key, args);
     } else {
       const Kernel* k = KernelCache::instance().get(key);
       ASSERT_NE(k, nullptr) << key.name();
       if (names) names->push_back(k->name);
-      reinterpret_cast<GemmInt8Fn>(const_cast<void*>(k->entry()))(&args);
+      reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
     }
   };
   for (int part = 0; part < 2; ++part) {
@@ -168,7 +168,7 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
   }
 }
 
-TEST(GemmInt8, SweepMatchesReferenceBitwise) {
+TEST(Gemm, SweepMatchesReferenceBitwise) {
   const int64_t Ms[] = {1, 2, 3, 5, 17, 64};
   const int64_t Ns[] = {1, 7, 16, 24, 40, 64, 100};
   const int64_t Ks[] = {1, 5, 12, 64, 130};
@@ -194,7 +194,7 @@ TEST(GemmInt8, SweepMatchesReferenceBitwise) {
   EXPECT_GT(checked, 0u);
 }
 
-TEST(GemmInt8, SiluEpilogueMatchesMathToFp32Accuracy) {
+TEST(Gemm, SiluEpilogueMatchesMathToFp32Accuracy) {
   // The polynomial exp is an approximation: keep it within a few ulp-scale of std::exp so the
   // epilogue's SiLU is a faithful SiLU.
   for (float g = -30.0f; g <= 30.0f; g += 0.173f) {
@@ -204,7 +204,7 @@ TEST(GemmInt8, SiluEpilogueMatchesMathToFp32Accuracy) {
   }
 }
 
-TEST(GemmInt8, RefusesImpossibleKeys) {
+TEST(Gemm, RefusesImpossibleKeys) {
   EXPECT_THROW(KernelCache::generate_only(
                    key_for(IsaLevel::avx2, KernelKind::gemm_decode, 4, 4, Epilogue::store)),
                std::invalid_argument);  // avx2 holds 3 rows of 4 vectors
@@ -213,12 +213,12 @@ TEST(GemmInt8, RefusesImpossibleKeys) {
                std::invalid_argument);  // siluup needs gate and up halves
 }
 
-TEST(GemmInt8, GeneratesForLevelsThisCpuLacks) {
+TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
   // Generation never executes the code, so every x86 level can be generated anywhere.
   for (IsaLevel isa :
        {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni, IsaLevel::avx512_bf16}) {
     auto k = KernelCache::generate_only(
-        key_for(isa, KernelKind::gemm_prefill, int8_max_rows(isa), 4, Epilogue::siluup));
+        key_for(isa, KernelKind::gemm_prefill, gemm_max_rows(isa), 4, Epilogue::siluup));
     EXPECT_GT(k->code.size(), 100u) << k->name;
     EXPECT_NE(k->name.find(isa_tag(isa)), std::string::npos);
   }
