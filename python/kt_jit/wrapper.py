@@ -9,7 +9,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from . import _core
+from . import _core, serving
 
 logger = logging.getLogger("kt_jit")
 
@@ -432,38 +432,40 @@ class KTMoEWrapper:
         return out
 
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
-        """Compute the MoE output (synchronously in this version) and keep it for sync_forward."""
-        T, x, ids, w, out_dtype = self._prepare(hidden_states, topk_ids, topk_weights, cuda_stream)
-        self._pending = None
-        self._pending = self._compute(T, x, ids, w, out_dtype)
+        """Stage the inputs and enqueue the forward on the process-wide task queue; returns at
+        once. With max_deferred_experts_per_token > 0 a second task runs the deferred experts,
+        whose result is added into the next layer's output (see kt_jit.serving)."""
+        serving.submit(self, hidden_states, topk_ids, topk_weights, cuda_stream)
 
     def sync_forward(self, hidden_states=None, cuda_stream=None) -> torch.Tensor:
-        """Return the result of the last submit_forward: [T, H] in hidden_states' dtype."""
+        """Wait for the last submit_forward and return its result: [T, H] in hidden_states' dtype
+        (a new tensor). Errors raised inside the task are raised here."""
         if cuda_stream is not None and int(cuda_stream) != 0:
             raise NotImplementedError(f"cuda_stream: got {cuda_stream}; {_SERVING_ISSUE}")
-        if self._pending is None:
-            raise RuntimeError("sync_forward: no forward was submitted (call submit_forward first)")
-        out, self._pending = self._pending, None
-        return out
+        return serving.sync(self, cuda_stream)
 
     def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None) -> torch.Tensor:
-        """MoE forward: out[t] = sum_j w[t,j] * expert_{ids[t,j]}(x[t]); returns [T, H]."""
-        T, x, ids, w, out_dtype = self._prepare(hidden_states, topk_ids, topk_weights, cuda_stream)
-        return self._compute(T, x, ids, w, out_dtype)
+        """MoE forward: out[t] = sum_j w[t,j] * expert_{ids[t,j]}(x[t]); returns [T, H].
+
+        Same as submit_forward + sync_forward (so deferral applies here too)."""
+        serving.submit(self, hidden_states, topk_ids, topk_weights, cuda_stream)
+        return serving.sync(self, cuda_stream)
 
     # ----------------------------------------------------------------------------------------
     @staticmethod
     def set_capture_batch_sizes(capture_bs: List[int]):
-        KTMoEWrapper._capture_batch_sizes = [int(b) for b in capture_bs]
+        """Batch sizes whose staging buffers are kept (kt-kernel: CUDA-graph capture sizes)."""
+        serving.set_capture_batch_sizes(capture_bs)
+        KTMoEWrapper._capture_batch_sizes = serving.get_capture_batch_sizes()
 
     @staticmethod
     def get_capture_batch_sizes() -> List[int]:
-        return list(KTMoEWrapper._capture_batch_sizes)
+        return serving.get_capture_batch_sizes()
 
     @staticmethod
     def clear_buffer_cache():
-        """kt-kernel drops its pinned staging buffers here; kt-jit keeps none on the CPU path."""
-        return None
+        """Wait for forwards in flight, then drop the cached staging buffers."""
+        serving.clear_buffer_cache()
 
     def __repr__(self) -> str:
         return (

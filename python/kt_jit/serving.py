@@ -1,0 +1,221 @@
+"""Asynchronous ``submit_forward`` / ``sync_forward`` for ``KTMoEWrapper`` (kt-kernel's serving path).
+
+One process-wide ``_core.TaskQueue`` (a FIFO run by one worker thread, like kt-kernel's CPUInfer)
+executes every wrapper's forwards in submission order. ``submit`` stages the inputs into fp32
+buffers and returns at once; ``sync`` waits for that layer's task and returns a fresh tensor.
+
+Staging buffers follow kt-kernel's ``KExpertsCPUBuffer``: one set per (T, H, K), shared by all
+layers, two slots (``slot = layer_idx % 2``). Batch sizes named in ``set_capture_batch_sizes`` keep
+their buffers until ``clear_buffer_cache()``; any other T uses one temporary set, replaced when T
+changes. The queue holds every tensor a task reads or writes until the task has finished, so
+buffers may be replaced, and wrappers dropped, with work in flight.
+
+Deferred experts (``max_deferred_experts_per_token = d > 0``): per batch an expert is *immediate*
+if it is among the top ``K - d`` routing slots (by weight) of any token; the other (token, slot)
+pairs run as a second task that writes the other slot's output buffer. If the next forward
+submitted is layer ``layer_idx + 1`` with the same buffer set, its task adds its result into that
+buffer (``incremental``), so layer L's deferred contribution appears in layer L+1's output, as in
+kt-kernel. Otherwise the deferred contribution is dropped (SGLang sets d = 0 on the last layer).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from typing import List, Optional, Tuple
+
+import torch
+
+from . import _core
+
+logger = logging.getLogger("kt_jit")
+
+_lock = threading.RLock()
+_queue: Optional["_core.TaskQueue"] = None
+_capture_bs: List[int] = []
+_cache: dict = {}  # (T, H, K) -> _Buffers for capture batch sizes
+_temp: Optional["_Buffers"] = None  # the one set for any other T
+# (layer index that consumes it, buffer set) after a forward that deferred experts
+_carry: Optional[Tuple[int, "_Buffers"]] = None
+
+
+def get_queue() -> "_core.TaskQueue":
+    """The process-wide task queue (created on first use, drained at interpreter exit)."""
+    global _queue
+    q = _queue
+    if q is None:
+        with _lock:
+            if _queue is None:
+                _queue = _core.TaskQueue()
+                atexit.register(_drain_at_exit)
+            q = _queue
+    return q
+
+
+def drain() -> None:
+    """Wait for every submitted task; raise the first task error not yet reported."""
+    q = _queue
+    if q is not None:
+        q.sync()
+
+
+def _drain_at_exit() -> None:
+    try:
+        drain()
+    except Exception as e:  # pragma: no cover - reported, never raised at exit
+        logger.warning("kt-jit: a forward still in flight at exit failed: %s", e)
+
+
+class _Buffers:
+    """fp32 staging for one (T, H, K): inputs, immediate/deferred ids and output, two slots."""
+
+    __slots__ = ("key", "x", "ids", "ids_deferred", "w", "out")
+
+    def __init__(self, T: int, H: int, K: int):
+        self.key = (T, H, K)
+        self.x = [torch.empty(T, H, dtype=torch.float32) for _ in range(2)]
+        self.ids = [torch.empty(T, K, dtype=torch.int64) for _ in range(2)]
+        self.ids_deferred = [torch.full((T, K), -1, dtype=torch.int64) for _ in range(2)]
+        self.w = [torch.empty(T, K, dtype=torch.float32) for _ in range(2)]
+        self.out = [torch.zeros(T, H, dtype=torch.float32) for _ in range(2)]
+
+
+def _buffers(T: int, H: int, K: int) -> _Buffers:
+    global _temp
+    key = (T, H, K)
+    if T in _capture_bs:
+        b = _cache.get(key)
+        if b is None:
+            b = _cache[key] = _Buffers(T, H, K)
+        return b
+    if _temp is None or _temp.key != key:
+        _temp = _Buffers(T, H, K)
+    return _temp
+
+
+def set_capture_batch_sizes(capture_bs) -> None:
+    global _capture_bs
+    with _lock:
+        _capture_bs = [int(b) for b in capture_bs]
+
+
+def get_capture_batch_sizes() -> List[int]:
+    return list(_capture_bs)
+
+
+def clear_buffer_cache() -> None:
+    """Wait for work in flight, then drop every staging buffer (and any pending deferral)."""
+    global _temp, _carry
+    drain()
+    with _lock:
+        _cache.clear()
+        _temp = None
+        _carry = None
+
+
+def select_deferred_experts(
+    ids: torch.Tensor, weights: torch.Tensor, num_experts: int, protected_k: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Split routing ids [T, K] into (immediate, deferred) ids, -1 where a slot is not in the set.
+
+    Per token the top ``protected_k`` slots by weight protect their expert for the whole batch;
+    slots of protected experts are immediate, the others deferred. Ids outside [0, E) are -1 in
+    both (they contribute nothing either way). ``protected_k <= 0`` defers everything.
+    """
+    E = int(num_experts)
+    T, K = ids.shape
+    valid = (ids >= 0) & (ids < E)
+    protected = torch.zeros(E + 1, dtype=torch.bool)  # index E collects invalid ids
+    k = min(int(protected_k), K)
+    if k > 0 and T > 0:
+        top = torch.topk(weights, k, dim=1).indices
+        sel = ids.gather(1, top)
+        sel = torch.where(valid.gather(1, top), sel, torch.full_like(sel, E))
+        protected[sel.reshape(-1)] = True
+    protected[E] = False
+    safe = torch.where(valid, ids, torch.full_like(ids, E))
+    is_prot = protected[safe]
+    minus = torch.full_like(ids, -1)
+    immediate = torch.where(valid & is_prot, ids, minus)
+    deferred = torch.where(valid & ~is_prot, ids, minus)
+    return immediate, deferred
+
+
+def submit(wrapper, hidden_states, topk_ids, topk_weights, cuda_stream) -> None:
+    """KTMoEWrapper.submit_forward: validate, stage, enqueue; returns without waiting."""
+    global _carry
+    T, x, ids, w, out_dtype = wrapper._prepare(hidden_states, topk_ids, topk_weights, cuda_stream)
+    H, K, E = wrapper.hidden_size, wrapper.num_experts_per_tok, wrapper.num_experts
+    layer_idx = wrapper.layer_idx
+    wrapper._pending = None
+    if T == 0:
+        with _lock:
+            _carry = None
+        wrapper._pending = (0, None, 0, 0, out_dtype)
+        return
+    mask = wrapper._mask_for_forward()
+    mask_ptr = 0 if mask is None else mask.data_ptr()
+    d = int(wrapper.max_deferred_experts_per_token or 0)
+    chunk = int(wrapper.chunked_prefill_size)
+    q = get_queue()
+    with _lock:
+        bufs = _buffers(T, H, K)
+        slot = layer_idx % 2
+        incremental = _carry is not None and _carry[0] == layer_idx and _carry[1] is bufs
+        _carry = None
+        xb, wb, ob = bufs.x[slot], bufs.w[slot], bufs.out[slot]
+        xb.copy_(x)
+        wb.copy_(w)
+        keep = (bufs, mask)
+        if d > 0:
+            immediate, deferred = select_deferred_experts(ids, w, E, K - d)
+            bufs.ids[slot].copy_(immediate)
+            bufs.ids_deferred[slot].copy_(deferred)
+        else:
+            bufs.ids[slot].copy_(ids)
+        seq = q.submit_forward(
+            wrapper.moe,
+            T,
+            xb.data_ptr(),
+            bufs.ids[slot].data_ptr(),
+            wb.data_ptr(),
+            mask_ptr,
+            ob.data_ptr(),
+            incremental,
+            chunk,
+            keep,
+        )
+        if d > 0:
+            q.submit_forward(
+                wrapper.moe,
+                T,
+                xb.data_ptr(),
+                bufs.ids_deferred[slot].data_ptr(),
+                wb.data_ptr(),
+                mask_ptr,
+                bufs.out[1 - slot].data_ptr(),
+                False,
+                chunk,
+                keep,
+            )
+            _carry = (layer_idx + 1, bufs)
+    wrapper._pending = (seq, bufs, slot, T, out_dtype)
+
+
+def sync(wrapper, cuda_stream=None) -> torch.Tensor:
+    """KTMoEWrapper.sync_forward: wait for this wrapper's last submit; [T, H] in its dtype.
+
+    A deferred task the submit left behind keeps running (kt-kernel's ``allow_pending``).
+    """
+    pending = wrapper._pending
+    if pending is None:
+        raise RuntimeError("sync_forward: no forward was submitted (call submit_forward first)")
+    wrapper._pending = None
+    seq, bufs, slot, T, out_dtype = pending
+    H = wrapper.hidden_size
+    if seq == 0:
+        return torch.empty((0, H), dtype=out_dtype)
+    get_queue().wait(seq)
+    out = bufs.out[slot]
+    return out.clone() if out_dtype == torch.float32 else out.to(out_dtype)
