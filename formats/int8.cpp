@@ -60,12 +60,13 @@ float quantize_row_int4(const float* x, int64_t k, int8_t* q16) {
 }
 
 StripLayout StripLayout::make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
-                                      int bits) {
+                              int bits) {
   StripLayout l;
   l.n = n;
   l.k = k;
   l.bits = bits;
-  l.k4 = bits == 4 ? (k + 7) / 8 * 2 : (k + 3) / 4;
+  l.kgroup = bits == 16 ? 1 : 4;
+  l.k4 = bits == 16 ? k : bits == 4 ? (k + 7) / 8 * 2 : (k + 3) / 4;
   l.lanes = lanes;
   l.strip_vecs = strip_vecs;
   l.sources = sources;
@@ -127,6 +128,36 @@ void pack_int8_strips(const StripLayout& l, const int8_t* const* q, const float*
       }
       scale[c] = row >= 0 ? d[src][row] : 0.0f;
       comp[c] = 128 * sum;
+    }
+  }
+}
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1);                                          // round half to even
+  return uint16_t(u >> 16);
+}
+
+void pack_bf16_strips(const StripLayout& l, const float* const* w, uint16_t* out, float* scale,
+                      int32_t* comp) {
+  std::memset(out, 0, size_t(l.total_bytes()));
+  int64_t c = 0;
+  for (int64_t s = 0; s <= l.full_strips; ++s) {
+    const int vecs = s < l.full_strips ? l.strip_vecs : l.tail_vecs;
+    if (vecs == 0) break;
+    const int cols = l.strip_cols(vecs);
+    uint16_t* base = out + l.strip_offset(s) / 2;
+    for (int j = 0; j < cols; ++j, ++c) {
+      int src;
+      int64_t row;
+      packed_column_source(l, c, &src, &row);
+      if (row >= 0)
+        for (int64_t kk = 0; kk < l.k; ++kk)
+          base[kk * cols + j] = f32_to_bf16(w[src][row * l.k + kk]);
+      scale[c] = 1.0f;
+      comp[c] = 0;
     }
   }
 }

@@ -37,22 +37,23 @@ struct StripLayout {
   int lanes = 16;      // columns per vector
   int strip_vecs = 4;  // vectors per full strip
   int sources = 1;     // 1, or 2 for gate/up
-  int bits = 8;        // 8, or 4 (nibbles)
+  int bits = 8;        // 8, 4 (nibbles) or 16 (bf16)
+  int kgroup = 4;      // K elements per step: 4 (integer dot products) or 1 (bf16)
   int64_t full_strips = 0;
   int tail_vecs = 0;  // vectors in the last, narrower strip (0 = none)
 
   static StripLayout make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
-                              int bits = 8);
+                          int bits = 8);
   int strip_cols(int vecs) const { return vecs * lanes; }
-  int64_t strip_bytes(int vecs) const { return k4 * 4 * strip_cols(vecs) * bits / 8; }
+  int64_t strip_bytes(int vecs) const { return k4 * kgroup * strip_cols(vecs) * bits / 8; }
   // Output rows covered by one full strip (per source).
   int64_t rows_per_strip() const { return int64_t(strip_vecs) * lanes / sources; }
   int64_t total_cols() const {
     return full_strips * strip_cols(strip_vecs) + strip_cols(tail_vecs);
   }
-  int64_t total_bytes() const { return k4 * 4 * total_cols() * bits / 8; }
+  int64_t total_bytes() const { return k4 * kgroup * total_cols() * bits / 8; }
   int64_t strip_offset(int64_t s) const { return s * strip_bytes(strip_vecs); }
-  int64_t padded_k() const { return k4 * 4; }
+  int64_t padded_k() const { return k4 * kgroup; }
 };
 
 // Packs quantized rows (`q[src]` is n x k int8 row-major — for 4 bits the values 16 * q4 —
@@ -63,5 +64,11 @@ void pack_int8_strips(const StripLayout& layout, const int8_t* const* q, const f
 
 // The logical (source, row) held by packed column `c`, or row -1 for padding.
 void packed_column_source(const StripLayout& layout, int64_t c, int* source, int64_t* row);
+
+// bfloat16 strips (layout.bits == 16): `w[src]` is n x k fp32 row-major, rounded to bf16 (RNE);
+// bytes are [k][column] inside a strip. Scales are set to 1 and compensations to 0.
+void pack_bf16_strips(const StripLayout& layout, const float* const* w, uint16_t* out, float* scale,
+                      int32_t* comp);
+uint16_t f32_to_bf16(float f);
 
 }  // namespace ktjit::formats

@@ -1,9 +1,12 @@
-// The INT8 GEMM kernel family: its call ABI, its packed weight layout, and the plain C++
-// reference kernel that is both the test oracle and the fallback path.
+// The GEMM kernel family (weights int8, int4 or bf16): its call ABI and the plain C++ reference
+// kernel that is both the test oracle and the fallback path. The packed weight layout is
+// formats::StripLayout.
 //
 // Math per (row m, packed column n):
-//   acc = Σ_k a[m][k] * w[n][k]                      exact int32 (a, w in [-127, 127])
-//   y   = (a_scale[m] * w_scale[n]) * float(acc)     two fp32 roundings, in that order
+//   int8/int4: acc = Σ_k a[m][k] * w[n][k]              exact int32 (a, w in [-127, 127])
+//              y   = (a_scale[m] * w_scale[n]) * float(acc)   two fp32 roundings, in that order
+//   bf16:      acc = fma(a[m][k], float(w[n][k]), acc) for k = 0, 1, ... (fp32 activations)
+//              y   = acc                                  (a_scale, w_scale unused)
 // Epilogues: store y; siluup (gate columns then up columns of a strip):
 //   h = g / (1 + exp2poly(clamp(-g, -87, 88))) * u, exp2poly as in exp_ref() below;
 //   accum: out = fma(row_weight[m], y, out).
@@ -16,16 +19,16 @@
 
 namespace ktjit {
 
-// Passed by pointer to every generated INT8 GEMM kernel (offsets are part of the ABI).
+// Passed by pointer to every generated GEMM kernel (offsets are part of the ABI).
 struct GemmArgs {
-  const int8_t* a;        // activations: row m at a + m*lda, k4*4 bytes; see int8_activation_offset
-  int64_t lda;            // bytes
-  const int8_t* w;        // first packed strip
-  int64_t n_strips;       // strips of this kernel's width to process
-  int64_t k4;             // K/4, K padded to a multiple of 4
-  const float* a_scale;   // per row
-  const float* w_scale;   // per packed column of the first strip onwards
-  const int32_t* w_comp;  // per packed column: 128 * Σ_k w (VNNI's unsigned-activation offset)
+  const int8_t* a;   // activations, row m at a + m*lda: int8 (see int8_activation_offset) or fp32
+  int64_t lda;       // bytes
+  const int8_t* w;   // first packed strip
+  int64_t n_strips;  // strips of this kernel's width to process
+  int64_t k4;        // K steps: K/4 for integer formats (K padded), K for bf16
+  const float* a_scale;     // per row
+  const float* w_scale;     // per packed column of the first strip onwards
+  const int32_t* w_comp;    // per packed column: 128 * Σ_k w (VNNI's unsigned-activation offset)
   float* const* out_rows;   // per row output pointer
   int64_t out_col;          // first output column (floats) for the first strip
   const float* row_weight;  // per row routing weight (accum epilogue)

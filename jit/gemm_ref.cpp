@@ -54,6 +54,7 @@ int32_t packed_weight(const int8_t* strip, int64_t step, int cols, int n, int j,
 
 void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const bool int4 = key.format == WeightFormat::int4;
+  const bool bf16 = key.format == WeightFormat::bf16;
   const int lanes = vec_lanes(key.isa);
   const int cols = key.n_vec * lanes;
   const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
@@ -69,7 +70,19 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
         const int64_t m = b * rows + r;
         const int8_t* a = args.a + m * args.lda;
         float y[64];
-        for (int n = 0; n < cols; ++n) {
+        for (int n = 0; n < cols && bf16; ++n) {
+          const float* af = reinterpret_cast<const float*>(a);
+          const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
+          float acc = 0.0f;
+          for (int64_t k = 0; k < args.k4; ++k) {
+            const uint32_t bits = uint32_t(wb[k * cols + n]) << 16;
+            float wf;
+            std::memcpy(&wf, &bits, 4);
+            acc = std::fma(af[k], wf, acc);
+          }
+          y[n] = acc;
+        }
+        for (int n = 0; n < cols && !bf16; ++n) {
           int32_t acc = 0;
           for (int64_t k4 = 0; k4 < args.k4; ++k4)
             for (int j = 0; j < 4; ++j)
@@ -92,7 +105,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
         }
       }
     }
-    w += args.k4 * cols * (int4 ? 2 : 4);
+    w += args.k4 * cols * (bf16 ? 2 : int4 ? 2 : 4);
   }
 }
 

@@ -11,7 +11,8 @@ std::vector<uint8_t> generate_code(const KernelKey& key) {
   switch (key.kind) {
     case KernelKind::gemm_decode:
     case KernelKind::gemm_prefill:
-      if (key.format == WeightFormat::int8 || key.format == WeightFormat::int4)
+      if (key.format == WeightFormat::int8 || key.format == WeightFormat::int4 ||
+          key.format == WeightFormat::bf16)
         return x64::generate_gemm(key);
       break;
     case KernelKind::peak_loop: return x64::generate_peak_loop(key);

@@ -29,6 +29,7 @@ enum class WeightFormat : uint8_t {
   none = 0,
   int8 = 1,  // int8 per-row scale
   int4 = 2,  // signed nibbles per-row scale, seen by the kernel as 16 * q4
+  bf16 = 3,  // bfloat16 weights, fp32 activations and accumulation
 };
 
 enum class Epilogue : uint8_t {

@@ -26,6 +26,7 @@ const char* format_name(WeightFormat f) {
     case WeightFormat::none: return "none";
     case WeightFormat::int8: return "int8";
     case WeightFormat::int4: return "int4";
+    case WeightFormat::bf16: return "bf16";
   }
   return "?";
 }

@@ -17,6 +17,10 @@ int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
+int format_bits(WeightFormat f) {
+  return f == WeightFormat::bf16 ? 16 : f == WeightFormat::int4 ? 4 : 8;
+}
+
 // Row stride in bytes for scratch matrices: whole cache lines, and never a multiple of 1 KiB, so
 // the rows a register tile touches together do not share L1 sets (4K aliasing).
 int64_t unaliased_stride(int64_t row_bytes) {
@@ -135,7 +139,7 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     sh.i_begin = std::min(shape.intermediate, units * s / shards * lanes_);
     sh.i_end = std::min(shape.intermediate, units * (s + 1) / shards * lanes_);
     const int64_t is = sh.i_end - sh.i_begin;
-    const int bits = format_ == WeightFormat::int4 ? 4 : 8;
+    const int bits = format_bits(format_);
     sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, bits);
     sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, bits);
     sh.expert_bytes = sh.gu.total_bytes() + sh.down.total_bytes();
@@ -150,12 +154,13 @@ MoELayer::~MoELayer() = default;
 WeightFormat method_format(const std::string& method) {
   if (method == "AMXINT8" || method == "MOE_INT8") return WeightFormat::int8;
   if (method == "AMXINT4" || method == "MOE_INT4") return WeightFormat::int4;
+  if (method == "BF16") return WeightFormat::bf16;
   throw std::invalid_argument("method '" + method +
                               "' is not built; built methods: " + built_methods());
 }
 
 const char* built_methods() {
-  return "AMXINT8, MOE_INT8, AMXINT4, MOE_INT4";
+  return "AMXINT8, MOE_INT8, AMXINT4, MOE_INT4, BF16";
 }
 
 GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs) {
@@ -195,12 +200,12 @@ std::vector<KernelKey> GemmKernelSet::keys() const {
 }
 
 std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa) {
-  const int bits = fmt == WeightFormat::int4 ? 4 : 8;
+  const int bits = format_bits(fmt);
   const int lanes = vec_lanes(isa);
-  auto gu = formats::StripLayout::make(shape.intermediate, shape.hidden, lanes, kStripVecs,
-                                           2, bits);
-  auto down = formats::StripLayout::make(shape.hidden, shape.intermediate, lanes,
-                                             kStripVecs, 1, bits);
+  auto gu =
+      formats::StripLayout::make(shape.intermediate, shape.hidden, lanes, kStripVecs, 2, bits);
+  auto down =
+      formats::StripLayout::make(shape.hidden, shape.intermediate, lanes, kStripVecs, 1, bits);
   std::vector<KernelKey> keys =
       make_gemm_kernel_set(isa, fmt, Epilogue::siluup, gu.tail_vecs).keys();
   for (auto& k : make_gemm_kernel_set(isa, fmt, Epilogue::accum, down.tail_vecs).keys())
@@ -258,42 +263,55 @@ void MoELayer::load_from_float(const void* gate, const void* up, const void* dow
   pool.run([&](int tid, int nt) {
     int64_t e0, e1;
     split_range(E, tid, nt, &e0, &e1);
-    std::vector<float> row(size_t(std::max(H, I)));
     for (auto& sh : shards_) {
       const int64_t is = sh.i_end - sh.i_begin;
-      std::vector<int8_t> qg(size_t(is * H)), qu(size_t(is * H)), qd(size_t(H * is));
+      const bool bf16 = format_ == WeightFormat::bf16;
+      std::vector<float> fg(size_t(is * H)), fu(size_t(is * H)), fd(size_t(H * is));
+      std::vector<int8_t> qg(bf16 ? 0 : size_t(is * H)), qu(bf16 ? 0 : size_t(is * H)),
+          qd(bf16 ? 0 : size_t(H * is));
       std::vector<float> dg(static_cast<size_t>(is)), du(static_cast<size_t>(is)),
           dd(static_cast<size_t>(H));
       for (int64_t p = e0; p < e1; ++p) {
         const int64_t e = map ? map[p] : p;
         for (int64_t i = 0; i < is; ++i) {
-          to_f32(gate, dt, (e * I + sh.i_begin + i) * H, H, row.data());
-          dg[size_t(i)] = quantize_w(row.data(), H, qg.data() + i * H);
-          to_f32(up, dt, (e * I + sh.i_begin + i) * H, H, row.data());
-          du[size_t(i)] = quantize_w(row.data(), H, qu.data() + i * H);
+          to_f32(gate, dt, (e * I + sh.i_begin + i) * H, H, fg.data() + i * H);
+          to_f32(up, dt, (e * I + sh.i_begin + i) * H, H, fu.data() + i * H);
         }
-        for (int64_t h = 0; h < H; ++h) {
-          to_f32(down, dt, (e * H + h) * I + sh.i_begin, is, row.data());
-          dd[size_t(h)] = quantize_w(row.data(), is, qd.data() + h * is);
-        }
+        for (int64_t h = 0; h < H; ++h)
+          to_f32(down, dt, (e * H + h) * I + sh.i_begin, is, fd.data() + h * is);
         int8_t* wb = sh.weights.as<int8_t>() + p * sh.expert_bytes;
         float* sb = sh.scales.as<float>() + p * sh.expert_cols;
         int32_t* cb = sh.comps.as<int32_t>() + p * sh.expert_cols;
+        int8_t* wd = wb + sh.gu.total_bytes();
+        float* sd = sb + sh.gu.total_cols();
+        int32_t* cd = cb + sh.gu.total_cols();
+        if (bf16) {
+          const float* gu_w[2] = {fg.data(), fu.data()};
+          const float* d_w[1] = {fd.data()};
+          formats::pack_bf16_strips(sh.gu, gu_w, reinterpret_cast<uint16_t*>(wb), sb, cb);
+          formats::pack_bf16_strips(sh.down, d_w, reinterpret_cast<uint16_t*>(wd), sd, cd);
+          continue;
+        }
+        for (int64_t i = 0; i < is; ++i) {
+          dg[size_t(i)] = quantize_w(fg.data() + i * H, H, qg.data() + i * H);
+          du[size_t(i)] = quantize_w(fu.data() + i * H, H, qu.data() + i * H);
+        }
+        for (int64_t h = 0; h < H; ++h)
+          dd[size_t(h)] = quantize_w(fd.data() + h * is, is, qd.data() + h * is);
         const int8_t* gu_q[2] = {qg.data(), qu.data()};
         const float* gu_d[2] = {dg.data(), du.data()};
         formats::pack_int8_strips(sh.gu, gu_q, gu_d, wb, sb, cb);
         const int8_t* d_q[1] = {qd.data()};
         const float* d_d[1] = {dd.data()};
-        formats::pack_int8_strips(sh.down, d_q, d_d, wb + sh.gu.total_bytes(),
-                                  sb + sh.gu.total_cols(), cb + sh.gu.total_cols());
+        formats::pack_int8_strips(sh.down, d_q, d_d, wd, sd, cd);
       }
     }
   });
   loaded_ = true;
 }
 
-void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout,
-                        bool reference, const int8_t* w, const float* scale, const int32_t* comp,
+void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout, bool reference,
+                        const int8_t* w, const float* scale, const int32_t* comp,
                         int64_t strip_begin, int64_t strip_end, const int8_t* a, int64_t lda,
                         const float* a_scale, int64_t rows, float* const* out_rows,
                         int64_t out_col0, const float* row_weight) const {
@@ -388,7 +406,10 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
     }
   s.T = T;
   s.rows = rows;
-  s.lda_x = unaliased_stride(H);
+  // Activations: int8 rows for the integer formats, fp32 rows for bf16 weights.
+  const bool float_act = format_ == WeightFormat::bf16;
+  const int64_t act_bytes = float_act ? 4 : 1;
+  s.lda_x = unaliased_stride(H * act_bytes);
   s.p_stride = unaliased_stride(H * 4) / 4;
   s.xq.resize(size_t(T * s.lda_x));
   s.xs.resize(size_t(T));
@@ -404,9 +425,16 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
     split_range(T, tid, nt, &t0, &t1);
     for (int64_t t = t0; t < t1; ++t) {
       int8_t* q = s.xq.data() + t * s.lda_x;
-      s.xs[size_t(t)] = formats::quantize_row_int8(x + t * H, H, q);
-      std::memset(q + H, 0, size_t(s.lda_x - H));
-      if (flip) formats::flip_sign_bits(q, s.lda_x);
+      if (float_act) {
+        std::memcpy(q, x + t * H, size_t(H) * 4);
+        s.xs[size_t(t)] = 1.0f;
+      } else {
+        s.xs[size_t(t)] = formats::quantize_row_int8(x + t * H, H, q);
+        if (flip) formats::flip_sign_bits(q, H);
+      }
+      // Padding must read as zero: int8 zero is byte 0x80 in the VNNI (a + 128) form.
+      std::memset(q + H * act_bytes, flip && !float_act ? 0x80 : 0,
+                  size_t(s.lda_x - H * act_bytes));
       std::memset(s.partial.data() + t * s.p_stride * int64_t(shards_.size()), 0,
                   size_t(s.p_stride * int64_t(shards_.size())) * 4);
     }
@@ -451,6 +479,7 @@ void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, Thread
   const int64_t is = sh.i_end - sh.i_begin;
   const int64_t rows = s.rows;
   const bool flip = int8_activation_offset(isa_);
+  const bool float_act = format_ == WeightFormat::bf16;
   s.h_stride = unaliased_stride(std::max<int64_t>(is, 1) * 4) / 4;
   s.lda_h = unaliased_stride(std::max<int64_t>(is, 1));
   s.h.resize(size_t(rows * s.h_stride));
@@ -495,17 +524,22 @@ void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, Thread
       u += st1 - st0;
     }
   });
-  // Phase 4: quantize the intermediate of every (expert, token) row over this shard's slice.
-  pool.run([&](int tid, int nt) {
-    int64_t r0, r1;
-    split_range(rows, tid, nt, &r0, &r1);
-    for (int64_t r = r0; r < r1; ++r) {
-      int8_t* q = s.hq.data() + r * s.lda_h;
-      s.hs[size_t(r)] = formats::quantize_row_int8(s.h.data() + r * s.h_stride, is, q);
-      std::memset(q + is, 0, size_t(s.lda_h - is));
-      if (flip) formats::flip_sign_bits(q, s.lda_h);
-    }
-  });
+  // Phase 4: quantize the intermediate of every (expert, token) row over this shard's slice
+  // (bf16 weights take the fp32 intermediate as it is).
+  if (!float_act)
+    pool.run([&](int tid, int nt) {
+      int64_t r0, r1;
+      split_range(rows, tid, nt, &r0, &r1);
+      for (int64_t r = r0; r < r1; ++r) {
+        int8_t* q = s.hq.data() + r * s.lda_h;
+        s.hs[size_t(r)] = formats::quantize_row_int8(s.h.data() + r * s.h_stride, is, q);
+        if (flip) formats::flip_sign_bits(q, is);
+        std::memset(q + is, flip ? 0x80 : 0, size_t(s.lda_h - is));
+      }
+    });
+  const int8_t* down_a = float_act ? reinterpret_cast<const int8_t*>(s.h.data()) : s.hq.data();
+  const int64_t down_lda = float_act ? s.h_stride * 4 : s.lda_h;
+  if (float_act) s.hs.assign(size_t(rows), 1.0f);
   // Phase 5: down projection; each thread owns a run of output strips and adds the experts
   // into them in ascending expert order, so the sum order never depends on the thread count.
   pool.run([&](int tid, int nt) {
@@ -518,8 +552,8 @@ void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, Thread
                sh.weights.as<int8_t>() + int64_t(e) * sh.expert_bytes + sh.gu.total_bytes(),
                sh.scales.as<float>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(),
                sh.comps.as<int32_t>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(), st0, st1,
-               s.hq.data() + row0 * s.lda_h, s.lda_h, s.hs.data() + row0, m,
-               s.out_rows.data() + row0, 0, s.row_weight.data() + row0);
+               down_a + row0 * down_lda, down_lda, s.hs.data() + row0, m, s.out_rows.data() + row0,
+               0, s.row_weight.data() + row0);
     }
   });
 }

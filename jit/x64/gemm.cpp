@@ -28,16 +28,18 @@ class GemmGenerator : public JitGenerator {
         mr_(key.m_r),
         vnni_(int(key.isa) >= int(IsaLevel::avx512_vnni)),
         int4_(key.format == WeightFormat::int4),
+        bf16_(key.format == WeightFormat::bf16),
         prefill_(key.kind == KernelKind::gemm_prefill) {
-    if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4)
-      throw std::invalid_argument("gemm_int8: weight format must be int8 or int4");
+    if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
+        key.format != WeightFormat::bf16)
+      throw std::invalid_argument("gemm: weight format must be int8, int4 or bf16");
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
-      throw std::invalid_argument("gemm_int8: no x86 vector generator for isa " +
+      throw std::invalid_argument("gemm: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));
     if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > gemm_max_rows(key.isa))
-      throw std::invalid_argument("gemm_int8: tile out of range: " + key.describe());
+      throw std::invalid_argument("gemm: tile out of range: " + key.describe());
     if (key.epilogue == Epilogue::siluup && nv_ % 2)
-      throw std::invalid_argument("gemm_int8: siluup needs an even number of vectors");
+      throw std::invalid_argument("gemm: siluup needs an even number of vectors");
     generate();
   }
 
@@ -73,7 +75,13 @@ class GemmGenerator : public JitGenerator {
   int strip_cols() const { return nv_ * lanes_; }
   int strip_k4_bytes() const { return strip_cols() * 4; }
   // Weight bytes per K step: 4-bit strips hold two steps per strip_k4_bytes() block.
-  int step_bytes() const { return int4_ ? strip_k4_bytes() / 2 : strip_k4_bytes(); }
+  // bf16 strips hold one K element per step, 2 bytes per column.
+  int step_bytes() const {
+    return bf16_ ? strip_cols() * 2 : int4_ ? strip_k4_bytes() / 2 : strip_k4_bytes();
+  }
+  // bf16: one broadcast activation per row of the tile, above the accumulators.
+  Xmm row_bcast(int m) const { return vreg(zmm_isa() ? 24 + m : 12 + m); }
+  Xmm bf16_tmp(int v) const { return vreg(zmm_isa() ? 30 + (v & 1) : 15); }
   int out_cols() const { return gemm_strip_out_cols(key_.isa, nv_, key_.epilogue); }
 
   Address arg(size_t off) const { return qword[reg_args + off]; }
@@ -154,7 +162,7 @@ class GemmGenerator : public JitGenerator {
     mov(reg_comp, arg(offsetof(GemmArgs, w_comp)));
     mov(reg_col, arg(offsetof(GemmArgs, out_col)));
     shl(reg_col, 2);
-    if (!vnni_) vmovups(ones16(), cpool(c_ones16_));
+    if (!vnni_ && !bf16_) vmovups(ones16(), cpool(c_ones16_));
   }
 
   // One register tile: rows [reg_row, reg_row + mr) x the current strip, over all of K.
@@ -221,6 +229,10 @@ class GemmGenerator : public JitGenerator {
   // One K step (`u` steps past the pointers): 4 k for every (row, vector) of the tile.
   void microkernel(int u, bool prefetch_next) {
     if (prefetch_next) prefetcht1(ptr[reg_pf + u * 64]);
+    if (bf16_) {
+      microkernel_bf16(u);
+      return;
+    }
     const bool preload = vnni_ && (mr_ > 1 || int4_);
     if (preload)
       for (int v = 0; v < nv_; ++v) load_weights(wreg(v), v, u);
@@ -236,6 +248,19 @@ class GemmGenerator : public JitGenerator {
           dot4_signed(acc(m, v), v, u);
         }
       }
+    }
+  }
+
+  // bf16: acc += a[m][k] * float(w[k][n]); bf16 -> fp32 is a zero-extend and a 16-bit shift.
+  void microkernel_bf16(int u) {
+    for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 4 * u]);
+    const int half_vec = vec_bytes() / 2;
+    for (int v = 0; v < nv_; ++v) {
+      const Xmm t = bf16_tmp(v);
+      const RegExp wm = reg_w + u * step_bytes() + v * half_vec;
+      vpmovzxwd(t, zmm_isa() ? Address(yword[wm]) : Address(xword[wm]));
+      vpslld(t, t, 16);
+      for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), t, row_bcast(m));
     }
   }
 
@@ -313,7 +338,7 @@ class GemmGenerator : public JitGenerator {
     // y = (a_scale * w_scale) * float(acc)
     const Xmm s = vreg(num_vregs() - 4);
     const Xmm t = vreg(num_vregs() - 3);
-    for (int m = 0; m < mr_; ++m) {
+    for (int m = 0; m < mr_ && !bf16_; ++m) {  // bf16: the fp32 accumulators are the result
       vbroadcastss(s, dword[reg_tmp + m * 4]);
       for (int v = 0; v < nv_; ++v) {
         if (vnni_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + v * vec_bytes()));
@@ -409,7 +434,7 @@ class GemmGenerator : public JitGenerator {
 
   const KernelKey key_;
   const int lanes_, nv_, mr_;
-  const bool vnni_, int4_, prefill_;
+  const bool vnni_, int4_, bf16_, prefill_;
   Label c_ones16_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
 };
 

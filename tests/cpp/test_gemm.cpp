@@ -33,16 +33,31 @@ struct Packed {
   std::vector<int8_t> w;
   std::vector<float> scale;
   std::vector<int32_t> comp;
-  std::vector<std::vector<int8_t>> q;  // per source, N x K
+  std::vector<std::vector<int8_t>> q;  // per source, N x K (integer formats)
   std::vector<std::vector<float>> d;
+  std::vector<std::vector<float>> wf;  // per source, N x K (bf16: the values before rounding)
 };
 
 Packed make_weights(const Problem& p) {
   Packed pk;
   const int sources = p.epi == Epilogue::siluup ? 2 : 1;
   const bool int4 = p.fmt == WeightFormat::int4;
+  const bool bf16 = p.fmt == WeightFormat::bf16;
   pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources,
-                                             int4 ? 4 : 8);
+                                         bf16   ? 16
+                                         : int4 ? 4
+                                                : 8);
+  pk.w.resize(size_t(pk.layout.total_bytes()));
+  pk.scale.resize(size_t(pk.layout.total_cols()));
+  pk.comp.resize(size_t(pk.layout.total_cols()));
+  if (bf16) {
+    for (int s = 0; s < sources; ++s)
+      pk.wf.push_back(test::random_floats(size_t(p.N * p.K), p.seed + 10 * uint32_t(s), 0.1f));
+    const float* ws[2] = {pk.wf[0].data(), pk.wf.back().data()};
+    formats::pack_bf16_strips(pk.layout, ws, reinterpret_cast<uint16_t*>(pk.w.data()),
+                              pk.scale.data(), pk.comp.data());
+    return pk;
+  }
   std::mt19937 rng(p.seed);
   std::uniform_int_distribution<int> qd(-127, 127);
   std::uniform_real_distribution<float> sd(0.001f, 0.02f);
@@ -52,9 +67,6 @@ Packed make_weights(const Problem& p) {
     for (auto& x : pk.q.back()) x = int8_t(int4 ? 16 * (qd(rng) % 8) : qd(rng));  // 16*[-7,7]
     for (auto& x : pk.d.back()) x = sd(rng);
   }
-  pk.w.resize(size_t(pk.layout.total_bytes()));
-  pk.scale.resize(size_t(pk.layout.total_cols()));
-  pk.comp.resize(size_t(pk.layout.total_cols()));
   const int8_t* qs[2] = {pk.q[0].data(), pk.q.back().data()};
   const float* ds[2] = {pk.d[0].data(), pk.d.back().data()};
   formats::pack_int8_strips(pk.layout, qs, ds, pk.w.data(), pk.scale.data(), pk.comp.data());
@@ -138,14 +150,22 @@ Outputs make_outputs(int64_t M, int64_t stride, uint32_t seed) {
 
 void check_problem(const Problem& p, std::vector<std::string>* names) {
   Packed pk = make_weights(p);
-  const int64_t lda = pk.layout.padded_k() + 8;
+  const bool bf16 = p.fmt == WeightFormat::bf16;
+  // Activations: int8 rows, or fp32 rows (bf16 weights), with a stride off the row length.
+  const int64_t lda = (pk.layout.padded_k() + 8) * (bf16 ? 4 : 1);
   std::mt19937 rng(p.seed + 1);
   std::uniform_int_distribution<int> qd(-127, 127);
   std::vector<int8_t> a(size_t(p.M * lda), 0);
+  std::vector<float> af = test::random_floats(size_t(p.M * p.K), p.seed + 5, 1.0f);
   for (int64_t m = 0; m < p.M; ++m)
-    for (int64_t k = 0; k < p.K; ++k) a[size_t(m * lda + k)] = int8_t(qd(rng));
+    for (int64_t k = 0; k < p.K; ++k) {
+      if (bf16)
+        std::memcpy(&a[size_t(m * lda + k * 4)], &af[size_t(m * p.K + k)], 4);
+      else
+        a[size_t(m * lda + k)] = int8_t(qd(rng));
+    }
   std::vector<int8_t> a_signed = a;
-  if (int8_activation_offset(p.isa)) formats::flip_sign_bits(a.data(), int64_t(a.size()));
+  if (!bf16 && int8_activation_offset(p.isa)) formats::flip_sign_bits(a.data(), int64_t(a.size()));
   std::vector<float> as = test::random_floats(size_t(p.M), p.seed + 2, 0.01f);
   for (auto& x : as) x = std::fabs(x) + 1e-3f;
   std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
@@ -155,8 +175,25 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
   run_all(p, pk, a, lda, as, ref.rows, rw, true, nullptr);
   ASSERT_EQ(0, std::memcmp(jit.buf.data(), ref.buf.data(), jit.buf.size() * 4)) << p.repro();
 
-  // The reference itself against direct int64 math on the unpacked operands.
-  if (p.epi == Epilogue::store) {
+  // The reference itself against direct math on the unpacked operands: exact int64 for the
+  // integer formats; for bf16, float64 over the bf16-rounded weights within fp32 accumulation
+  // error.
+  if (p.epi == Epilogue::store && bf16) {
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t n = 0; n < p.N; ++n) {
+        double acc = 0, mag = 0;
+        for (int64_t k = 0; k < p.K; ++k) {
+          const uint32_t bits = uint32_t(formats::f32_to_bf16(pk.wf[0][size_t(n * p.K + k)])) << 16;
+          float w;
+          std::memcpy(&w, &bits, 4);
+          acc += double(af[size_t(m * p.K + k)]) * w;
+          mag += std::fabs(double(af[size_t(m * p.K + k)]) * w);
+        }
+        ASSERT_NEAR(acc, ref.rows[size_t(m)][n], 1e-6 * mag * double(p.K) + 1e-30)
+            << p.repro() << " m=" << m << " n=" << n;
+      }
+  }
+  if (p.epi == Epilogue::store && !bf16) {
     for (int64_t m = 0; m < p.M; ++m)
       for (int64_t n = 0; n < p.N; ++n) {
         int64_t acc = 0;
@@ -177,7 +214,7 @@ TEST(Gemm, SweepMatchesReferenceBitwise) {
   size_t checked = 0;
   for (IsaLevel isa : test::runnable_levels()) {
     std::vector<std::string> names;
-    for (WeightFormat fmt : {WeightFormat::int8, WeightFormat::int4})
+    for (WeightFormat fmt : {WeightFormat::int8, WeightFormat::int4, WeightFormat::bf16})
       for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
         for (int64_t M : Ms)
           for (int64_t N : Ns)
@@ -189,7 +226,7 @@ TEST(Gemm, SweepMatchesReferenceBitwise) {
     // Every kernel shape the sweep used was generated at this level.
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
-    EXPECT_GE(names.size(), 40u) << isa_name(isa);
+    EXPECT_GE(names.size(), 60u) << isa_name(isa);
   }
   EXPECT_GT(checked, 0u);
 }
