@@ -92,6 +92,7 @@ void ThreadPool::worker(int id) {
 }
 
 void ThreadPool::run(const std::function<void(int, int)>& fn) {
+  std::lock_guard<std::mutex> run_lock(run_mu_);
   if (n_ == 1) {
     fn(0, 1);
     return;

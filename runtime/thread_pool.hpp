@@ -23,7 +23,8 @@ class ThreadPool {
   int size() const { return n_; }
   int pools() const { return pools_; }
   // Runs fn(thread_id, num_threads) on every thread and returns when all are done. The first
-  // exception thrown by any thread is rethrown here. Not reentrant: callers serialize.
+  // exception thrown by any thread is rethrown here. Concurrent callers (a load beside a queued
+  // forward) take turns; a call from inside a job would deadlock.
   void run(const std::function<void(int, int)>& fn);
 
   // Process-wide pool: the first call decides threads/pools; later calls return it unchanged.
@@ -36,6 +37,7 @@ class ThreadPool {
 
   int n_, pools_;
   std::vector<std::thread> threads_;
+  std::mutex run_mu_;  // one job at a time
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<uint64_t> generation_{0};

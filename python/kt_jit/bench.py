@@ -35,6 +35,10 @@ DEFAULT_TOKENS = (1, 4, 16, 64, 256, 1024)
 VNNI_LEVELS = ("avx512_vnni", "avx512_bf16", "amx")
 
 
+BYTES_PER_WEIGHT = {"AMXINT8": 1.0, "MOE_INT8": 1.0, "AMXINT4": 0.5, "MOE_INT4": 0.5, "BF16": 2.0}
+WEIGHT_NAME = {"AMXINT4": "int4", "MOE_INT4": "int4", "BF16": "bf16"}
+
+
 def _l3_bytes() -> int:
     """L3 size as the OS reports it (32 MiB when it cannot be read)."""
     path = "/sys/devices/system/cpu/cpu0/cache"
@@ -168,14 +172,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         read_bw = float(lim["read_gbs_2t"])
     vnni = isa in VNNI_LEVELS and float(lim.get("peak_vnni_gops", 0.0)) > 0
-    peak_name = "vpdpbusd" if vnni else "vpmaddubsw"
-    peak_core = float(lim.get("peak_vnni_gops" if vnni else "peak_maddubsw_gops", 0.0))
+    if args.method == "BF16":  # bf16 kernels convert to fp32 and use vfmadd231ps
+        peak_name, peak_key = "vfmadd231ps", "peak_fma_gflops"
+    else:
+        peak_name = "vpdpbusd" if vnni else "vpmaddubsw"
+        peak_key = "peak_vnni_gops" if vnni else "peak_maddubsw_gops"
+    peak_core = float(lim.get(peak_key, 0.0))
     peak = peak_core * threads
     print(_limits_lines(lim, read_bw, peak, peak_name, threads), flush=True)
 
     # --- 2. layers ---------------------------------------------------------------------------------
     E, K, H, I = SHAPE["experts"], SHAPE["top_k"], SHAPE["hidden"], SHAPE["intermediate"]
-    expert_bytes = 3 * H * I  # int8 gate + up + down
+    # Packed weight bytes per element of the method (scales and compensations not counted).
+    bytes_per_weight = BYTES_PER_WEIGHT.get(args.method, 1.0)
+    wname = WEIGHT_NAME.get(args.method, "int8")
+    expert_bytes = int(3 * H * I * bytes_per_weight)  # gate + up + down
     layer_bytes = E * expert_bytes
     l3 = _l3_bytes()
     min_touched = min(E, K * min(args.tokens)) * expert_bytes  # lower bound at the smallest T
@@ -198,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         layers.append(layer)
     del gate, up, down
     print(
-        f"{layers_n} layers x {layer_bytes / 1e6:.0f} MB int8 = {layers_n * layer_bytes / 1e9:.2f} GB "
+        f"{layers_n} layers x {layer_bytes / 1e6:.0f} MB {wname} = {layers_n * layer_bytes / 1e9:.2f} GB "
         f"(L3 {l3 / 2**20:.1f} MiB) loaded in {time.perf_counter() - t0:.1f} s",
         flush=True,
     )
@@ -279,7 +290,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"- ISA: {isa}; method {args.method}; threads {threads}",
                 f"- date: {date}",
                 f"- command: `{command}`",
-                f"- shape: E {E}, top {K}, H {H}, I {I}; int8 weights rotated over {layers_n} layers "
+                f"- shape: E {E}, top {K}, H {H}, I {I}; {wname} weights rotated over {layers_n} layers "
                 f"({layers_n * layer_bytes / 1e9:.2f} GB)",
                 f"- error vs forward_reference (T={te}): max abs {err_abs:.3g}, rel {err_rel:.3g}",
                 "",
