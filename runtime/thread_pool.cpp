@@ -29,7 +29,8 @@ ThreadPool::ThreadPool(int threads, int pools)
     std::fprintf(stderr,
                  "[kt-jit] warning: hwloc could not load the topology; threads are not pinned\n");
   }
-  pin(0);
+  // The caller (thread 0) is never pinned: it is the application's thread (Python's, or the
+  // serving queue's), and threads it creates later would inherit a one-core affinity.
   for (int i = 1; i < n_; ++i) threads_.emplace_back([this, i] { worker(i); });
   debug_log("thread pool: " + std::to_string(n_) + " threads, " + std::to_string(pools_) +
             " pool(s)");
@@ -46,7 +47,8 @@ ThreadPool::~ThreadPool() {
   if (topology_) hwloc_topology_destroy(static_cast<hwloc_topology_t>(topology_));
 }
 
-// Thread i runs on physical core i (first PU of the core) so SMT siblings are used last.
+// Worker i runs on physical core i (first PU of the core) so SMT siblings are used last; core 0
+// is left to the caller.
 void ThreadPool::pin(int id) {
   auto topo = static_cast<hwloc_topology_t>(topology_);
   if (!topo) return;

@@ -72,3 +72,16 @@ def test_debug_logs_probe_choice_and_kernels():
     assert "isa selected" in err
     for n in names:
         assert f"kernel {n}" in err
+
+
+def test_pool_leaves_the_callers_affinity_alone():
+    """The caller takes part in the work but is the application's thread: it must not be pinned
+    (torch's threads created afterwards would inherit a one-core mask)."""
+    code = (
+        "import os; before = os.sched_getaffinity(0)\n"
+        "from kt_jit import _core; _core.init_pool(2, 1)\n"
+        "print(before == os.sched_getaffinity(0))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "True"
