@@ -114,8 +114,8 @@ class GemmGenerator : public JitGenerator {
         mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
         test(reg_mb, reg_mb);
         jle(mb_done, T_NEAR);
-        // Blocks 0-3 each prefetch a quarter of the next strip into L2 (one line per K step, about
-        // DRAM speed), so the next strip's DRAM stream overlaps this strip's compute; later
+        // Blocks 0-7 each prefetch an eighth of the next strip into L2 (one line per two K steps,
+        // below DRAM speed), so the next strip's DRAM stream overlaps this strip's compute; later
         // blocks only re-read this strip from L2.
         mov(reg_pf, arg(offsetof(GemmArgs, k4)));
         imul(reg_pf, reg_pf, step_bytes());
@@ -124,7 +124,7 @@ class GemmGenerator : public JitGenerator {
         {
           Label no_pf, next;
           mov(reg_w, reg_strip);
-          cmp(reg_row, 4 * mr_);
+          cmp(reg_row, kPrefetchBlocks * mr_);
           jge(no_pf, T_NEAR);
           compute_block(true);
           jmp(next, T_NEAR);
@@ -191,6 +191,7 @@ class GemmGenerator : public JitGenerator {
 
   // K steps unrolled by kUnroll (addresses by displacement), then the remaining steps one by one.
   static constexpr int kUnroll = 4;
+  static constexpr int kPrefetchBlocks = 8;
   void k_loop(bool prefetch_next) {
     Label loop, tail, tail_loop, done;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
@@ -220,7 +221,7 @@ class GemmGenerator : public JitGenerator {
   }
 
   void advance(int steps, bool prefetch_next) {
-    if (prefetch_next) add(reg_pf, 64 * steps);
+    if (prefetch_next) add(reg_pf, 64 * ((steps + 1) / 2));
     add(reg_a, 4 * steps);
     if (mr_ > 3) add(reg_a3, 4 * steps);
     add(reg_w, step_bytes() * steps);
@@ -228,7 +229,7 @@ class GemmGenerator : public JitGenerator {
 
   // One K step (`u` steps past the pointers): 4 k for every (row, vector) of the tile.
   void microkernel(int u, bool prefetch_next) {
-    if (prefetch_next) prefetcht1(ptr[reg_pf + u * 64]);
+    if (prefetch_next && u % 2 == 0) prefetcht1(ptr[reg_pf + u / 2 * 64]);
     if (bf16_) {
       microkernel_bf16(u);
       return;
