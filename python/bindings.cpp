@@ -8,10 +8,10 @@
 
 #include "jit/cpu/cpu.hpp"
 #include "jit/kernel.hpp"
+#include "python/py_moe_layer.hpp"
 #include "runtime/machine_limits.hpp"
 #include "runtime/moe_layer.hpp"
 #include "runtime/thread_pool.hpp"
-#include "python/py_moe_layer.hpp"
 
 #ifndef KT_JIT_VERSION
 #define KT_JIT_VERSION "0.0.0+dev"
@@ -126,6 +126,28 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("gate_ptr"), py::arg("up_ptr"), py::arg("down_ptr"), py::arg("dtype"),
           py::arg("map_ptr") = 0)
+      .def(
+          "load_experts",
+          [](PyMoELayer& self, const std::vector<int64_t>& slots,
+             const std::vector<uintptr_t>& gate, const std::vector<uintptr_t>& up,
+             const std::vector<uintptr_t>& down, const std::string& dtype) {
+            if (gate.size() != slots.size() || up.size() != slots.size() ||
+                down.size() != slots.size())
+              throw std::invalid_argument(
+                  "load_experts: slots, gate_ptrs, up_ptrs and down_ptrs "
+                  "must have the same length");
+            SourceDType dt = parse_source_dtype(dtype);
+            std::vector<MoELayer::ExpertSource> src;
+            for (size_t i = 0; i < slots.size(); ++i)
+              src.push_back({slots[i], ptr<const void>(gate[i]), ptr<const void>(up[i]),
+                             ptr<const void>(down[i])});
+            py::gil_scoped_release release;
+            self.layer->load_experts(src, dt, ThreadPool::global());
+          },
+          py::arg("slots"), py::arg("gate_ptrs"), py::arg("up_ptrs"), py::arg("down_ptrs"),
+          py::arg("dtype"),
+          "Packs experts from per-expert row-major sources (gate/up [I,H], down [H,I]) into "
+          "their physical slots; the layer is loaded once every slot has been.")
       .def(
           "forward",
           [](PyMoELayer& self, int64_t T, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t mask,

@@ -245,7 +245,6 @@ size_t MoELayer::packed_bytes() const {
 
 void MoELayer::load_from_float(const void* gate, const void* up, const void* down, SourceDType dt,
                                const int64_t* map, ThreadPool& pool) {
-  std::lock_guard<std::mutex> lock(mu_);
   const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
   if (map)
     for (int64_t p = 0; p < E; ++p)
@@ -253,16 +252,39 @@ void MoELayer::load_from_float(const void* gate, const void* up, const void* dow
         throw std::invalid_argument("physical_to_logical_map[" + std::to_string(p) +
                                     "]: expected a value in [0, " + std::to_string(E) + "), got " +
                                     std::to_string(map[p]));
-  for (auto& sh : shards_) {
-    sh.weights = AlignedBuffer(size_t(E * sh.expert_bytes));
-    sh.scales = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
-    sh.comps = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
+  const size_t esz = dt == SourceDType::f32 ? 4 : 2;
+  std::vector<ExpertSource> src(static_cast<size_t>(E));
+  for (int64_t p = 0; p < E; ++p) {
+    const int64_t e = map ? map[p] : p;
+    src[size_t(p)] = {p, static_cast<const char*>(gate) + size_t(e * I * H) * esz,
+                      static_cast<const char*>(up) + size_t(e * I * H) * esz,
+                      static_cast<const char*>(down) + size_t(e * H * I) * esz};
+  }
+  load_experts(src, dt, pool);
+}
+
+void MoELayer::load_experts(const std::vector<ExpertSource>& experts, SourceDType dt,
+                            ThreadPool& pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
+  for (const ExpertSource& x : experts)
+    if (x.slot < 0 || x.slot >= E)
+      throw std::invalid_argument("expert slot: expected a value in [0, " + std::to_string(E) +
+                                  "), got " + std::to_string(x.slot));
+  if (slot_loaded_.empty()) {
+    for (auto& sh : shards_) {
+      sh.weights = AlignedBuffer(size_t(E * sh.expert_bytes));
+      sh.scales = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
+      sh.comps = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
+    }
+    slot_loaded_.assign(size_t(E), 0);
   }
   const auto quantize_w =
       format_ == WeightFormat::int4 ? formats::quantize_row_int4 : formats::quantize_row_int8;
+  const int64_t n = int64_t(experts.size());
   pool.run([&](int tid, int nt) {
     int64_t e0, e1;
-    split_range(E, tid, nt, &e0, &e1);
+    split_range(n, tid, nt, &e0, &e1);
     for (auto& sh : shards_) {
       const int64_t is = sh.i_end - sh.i_begin;
       const bool bf16 = format_ == WeightFormat::bf16;
@@ -271,14 +293,15 @@ void MoELayer::load_from_float(const void* gate, const void* up, const void* dow
           qd(bf16 ? 0 : size_t(H * is));
       std::vector<float> dg(static_cast<size_t>(is)), du(static_cast<size_t>(is)),
           dd(static_cast<size_t>(H));
-      for (int64_t p = e0; p < e1; ++p) {
-        const int64_t e = map ? map[p] : p;
+      for (int64_t j = e0; j < e1; ++j) {
+        const ExpertSource& x = experts[size_t(j)];
+        const int64_t p = x.slot;
         for (int64_t i = 0; i < is; ++i) {
-          to_f32(gate, dt, (e * I + sh.i_begin + i) * H, H, fg.data() + i * H);
-          to_f32(up, dt, (e * I + sh.i_begin + i) * H, H, fu.data() + i * H);
+          to_f32(x.gate, dt, (sh.i_begin + i) * H, H, fg.data() + i * H);
+          to_f32(x.up, dt, (sh.i_begin + i) * H, H, fu.data() + i * H);
         }
         for (int64_t h = 0; h < H; ++h)
-          to_f32(down, dt, (e * H + h) * I + sh.i_begin, is, fd.data() + h * is);
+          to_f32(x.down, dt, h * I + sh.i_begin, is, fd.data() + h * is);
         int8_t* wb = sh.weights.as<int8_t>() + p * sh.expert_bytes;
         float* sb = sh.scales.as<float>() + p * sh.expert_cols;
         int32_t* cb = sh.comps.as<int32_t>() + p * sh.expert_cols;
@@ -307,7 +330,8 @@ void MoELayer::load_from_float(const void* gate, const void* up, const void* dow
       }
     }
   });
-  loaded_ = true;
+  for (const ExpertSource& x : experts) slot_loaded_[size_t(x.slot)] = 1;
+  loaded_ = std::count(slot_loaded_.begin(), slot_loaded_.end(), 1) == E;
 }
 
 void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout, bool reference,

@@ -89,6 +89,16 @@ class MoELayer {
   // gate/up [E, I, H], down [E, H, I] in `dtype`; map[p] = logical expert held by slot p (or null).
   void load_from_float(const void* gate, const void* up, const void* down, SourceDType dtype,
                        const int64_t* map, ThreadPool& pool);
+  // One expert's source rows: gate and up [I, H], down [H, I], row-major in the load's dtype.
+  struct ExpertSource {
+    int64_t slot;
+    const void* gate;
+    const void* up;
+    const void* down;
+  };
+  // Packs the given experts (in parallel) into their physical slots; the layer is loaded once
+  // every slot has been. Loaders hand memory-mapped checkpoint data here without stacking it.
+  void load_experts(const std::vector<ExpertSource>& experts, SourceDType dtype, ThreadPool& pool);
   bool loaded() const { return loaded_; }
 
   // x fp32 [T, H]; ids int64 [T, K]; w fp32 [T, K]; mask bool [E] or null; out fp32 [T, H].
@@ -117,6 +127,7 @@ class MoELayer {
   std::vector<Shard> shards_;
   GemmKernelSet gu_kernels_, down_kernels_;
   bool loaded_ = false;
+  std::vector<uint8_t> slot_loaded_;
   std::unique_ptr<Scratch> scratch_;
   std::mutex mu_;
 };
