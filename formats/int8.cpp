@@ -5,9 +5,11 @@
 
 namespace ktjit::formats {
 
-float quantize_row_int8(const float* x, int64_t k, int8_t* q) {
-  // amax over |x| in the integer domain: for non-negative floats the bit patterns order like the
-  // values, and an integer max loop vectorizes with the baseline SSE2 the core is built for.
+namespace {
+
+// amax over |x| in the integer domain: for non-negative floats the bit patterns order like the
+// values, and an integer max loop vectorizes with the baseline SSE2 the core is built for.
+float row_amax(const float* x, int64_t k) {
   uint32_t amax_bits = 0;
   for (int64_t i = 0; i < k; ++i) {
     uint32_t b;
@@ -17,46 +19,42 @@ float quantize_row_int8(const float* x, int64_t k, int8_t* q) {
   }
   float amax;
   std::memcpy(&amax, &amax_bits, 4);
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  // Adding and removing 1.5 * 2^23 rounds half to even for |v| < 2^22 (here |v| <= 127.5).
+  return amax;
+}
+
+// clamp(rne(x * id), -127, 127). Adding and removing 1.5 * 2^23 rounds half to even for
+// |v| < 2^22 (here |v| <= 127.5).
+inline int32_t rne_clamp127(float x, float id) {
   constexpr float kRound = 12582912.0f;
+  float v = (x * id + kRound) - kRound;
+  v = v > 127.0f ? 127.0f : v;
+  v = v < -127.0f ? -127.0f : v;
+  return int32_t(v);
+}
+
+}  // namespace
+
+float quantize_row_int8(const float* x, int64_t k, int8_t* q) {
+  const float d = row_amax(x, k) / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int64_t i = 0; i < k; ++i) q[i] = int8_t(rne_clamp127(x[i], id));
+  return d;
+}
+
+float quantize_row_int4(const float* x, int64_t k, int8_t* q16) {
+  const float d = row_amax(x, k) / 112.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
   for (int64_t i = 0; i < k; ++i) {
-    float v = (x[i] * id + kRound) - kRound;
-    v = v > 127.0f ? 127.0f : v;
-    v = v < -127.0f ? -127.0f : v;
-    q[i] = int8_t(int32_t(v));
+    const int32_t q8 = rne_clamp127(x[i], id);
+    // kt-kernel's round_4bit_s8: |q8| rounded to a multiple of 16, half away from zero.
+    const int32_t q4 = q8 < 0 ? -((-q8 + 8) >> 4) : (q8 + 8) >> 4;
+    q16[i] = int8_t(16 * q4);
   }
   return d;
 }
 
 void flip_sign_bits(int8_t* q, int64_t n) {
   for (int64_t i = 0; i < n; ++i) q[i] = int8_t(uint8_t(q[i]) ^ 0x80u);
-}
-
-float quantize_row_int4(const float* x, int64_t k, int8_t* q16) {
-  uint32_t amax_bits = 0;
-  for (int64_t i = 0; i < k; ++i) {
-    uint32_t b;
-    std::memcpy(&b, x + i, 4);
-    b &= 0x7fffffffu;
-    amax_bits = b > amax_bits ? b : amax_bits;
-  }
-  float amax;
-  std::memcpy(&amax, &amax_bits, 4);
-  const float d = amax / 112.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  constexpr float kRound = 12582912.0f;  // see quantize_row_int8
-  for (int64_t i = 0; i < k; ++i) {
-    float v = (x[i] * id + kRound) - kRound;
-    v = v > 127.0f ? 127.0f : v;
-    v = v < -127.0f ? -127.0f : v;
-    const int32_t q8 = int32_t(v);
-    // kt-kernel's round_4bit_s8: |q8| rounded to a multiple of 16, half away from zero.
-    const int32_t q4 = q8 < 0 ? -((-q8 + 8) >> 4) : (q8 + 8) >> 4;
-    q16[i] = int8_t(16 * q4);
-  }
-  return d;
 }
 
 StripLayout StripLayout::make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
