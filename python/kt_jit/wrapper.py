@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import threading
 from typing import List, Optional, Sequence
 
@@ -269,10 +270,30 @@ class KTMoEWrapper:
 
     # ----------------------------------------------------------------------------------------
     def load_weights(self, physical_to_logical_map_cpu: Optional[torch.Tensor] = None):
-        raise NotImplementedError(
-            f"load_weights: loading method {self.method!r} from weight_path "
-            f"({self.weight_path!r}) arrives with the formats issue; use load_weights_from_tensors"
+        """Load this layer's experts from ``weight_path`` in the format ``method`` implies.
+
+        BF16: a Hugging Face checkpoint directory (``*.safetensors`` + ``config.json``), see
+        docs/FORMATS.md "Loading from a checkpoint"."""
+        if self.method != "BF16":
+            raise NotImplementedError(
+                f"load_weights: loading method {self.method!r} from weight_path "
+                f"({self.weight_path!r}) arrives with the formats issue; use "
+                "load_weights_from_tensors"
+            )
+        from .loaders import hf
+
+        E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        pmap = self._check_map(physical_to_logical_map_cpu)
+        if not self.weight_path or not os.path.exists(self.weight_path):
+            raise FileNotFoundError(f"weight_path: {self.weight_path!r} does not exist")
+        hf.check_model_shape(self.weight_path, E, self.num_experts_per_tok, H, I)
+        layer = _core.MoELayer(E, self.num_experts_per_tok, H, I, self.method)
+        self.load_stats = hf.load_bf16_layer(
+            layer, self.weight_path, self.layer_idx, E, H, I, pmap
         )
+        if not layer.loaded:  # pragma: no cover - the loader fills every slot or raises
+            raise RuntimeError(f"load_weights: layer {self.layer_idx} has unloaded expert slots")
+        self.moe = layer
 
     def _check_map(self, physical_to_logical_map_cpu) -> Optional[torch.Tensor]:
         E = self.num_experts
