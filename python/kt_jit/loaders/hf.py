@@ -13,8 +13,8 @@ import logging
 import os
 import struct
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -72,7 +72,7 @@ def _shape_str(shape: Sequence[int]) -> str:
 # config.json
 
 
-def find_config(weight_path: str) -> Optional[str]:
+def find_config(weight_path: str) -> str | None:
     """The ``config.json`` for ``weight_path`` (a directory, or a .safetensors file in one), or
     None when there is none."""
     d = weight_path if os.path.isdir(weight_path) else os.path.dirname(weight_path) or "."
@@ -80,7 +80,7 @@ def find_config(weight_path: str) -> Optional[str]:
     return p if os.path.isfile(p) else None
 
 
-def read_model_shape(weight_path: str) -> Optional[Dict[str, Tuple[str, int]]]:
+def read_model_shape(weight_path: str) -> dict[str, tuple[str, int]] | None:
     """``{field: (config key, value)}`` for num_experts, num_experts_per_tok, hidden_size and
     moe_intermediate_size as found in config.json (``text_config`` unwrapped); fields whose keys
     are absent are left out. None when there is no config.json."""
@@ -97,7 +97,7 @@ def read_model_shape(weight_path: str) -> Optional[Dict[str, Tuple[str, int]]]:
     text = cfg.get("text_config")
     if isinstance(text, dict):
         cfg = {**cfg, **text}
-    out: Dict[str, Tuple[str, int]] = {}
+    out: dict[str, tuple[str, int]] = {}
     for field, keys in _CONFIG_KEYS.items():
         for k in keys:
             v = cfg.get(k)
@@ -133,7 +133,7 @@ def check_model_shape(
 # safetensors index
 
 
-def _read_header_keys(path: str) -> List[str]:
+def _read_header_keys(path: str) -> list[str]:
     """Tensor names from a safetensors header, read by hand (for files safetensors refuses)."""
     try:
         with open(path, "rb") as f:
@@ -150,8 +150,9 @@ def _read_header_keys(path: str) -> List[str]:
 
 
 class SafetensorsIndex:
-    """Every tensor in the ``*.safetensors`` files of a directory (or one file): name → file, shape,
-    dtype. Files are memory-mapped by safetensors and tensors read lazily, one key at a time."""
+    """Every tensor in the ``*.safetensors`` files of a directory (or one file): name → file,
+    shape, dtype. Files are memory-mapped by safetensors and tensors read lazily, one key at a
+    time."""
 
     def __init__(self, weight_path: str):
         if not weight_path or not os.path.exists(weight_path):
@@ -176,11 +177,11 @@ class SafetensorsIndex:
         self._safe_open = safe_open
         self.weight_path = weight_path
         self.files = files
-        self.entries: Dict[str, Tuple[str, Tuple[int, ...], str]] = {}
+        self.entries: dict[str, tuple[str, tuple[int, ...], str]] = {}
         #: keys a file's header names although the file itself cannot be read → (file, error)
-        self.broken: Dict[str, Tuple[str, str]] = {}
-        self.broken_files: Dict[str, str] = {}
-        self._handles: Dict[str, object] = {}
+        self.broken: dict[str, tuple[str, str]] = {}
+        self.broken_files: dict[str, str] = {}
+        self._handles: dict[str, object] = {}
         for path in files:
             try:
                 h = safe_open(path, framework="pt")
@@ -201,7 +202,7 @@ class SafetensorsIndex:
     def close(self) -> None:
         self._handles.clear()
 
-    def _check_readable(self, key: str) -> Tuple[str, Tuple[int, ...], str]:
+    def _check_readable(self, key: str) -> tuple[str, tuple[int, ...], str]:
         if key in self.entries:
             return self.entries[key]
         if key in self.broken:
@@ -226,7 +227,7 @@ class SafetensorsIndex:
             f"files: {names}){hint}{broken}"
         )
 
-    def info(self, key: str) -> Tuple[str, Tuple[int, ...], str]:
+    def info(self, key: str) -> tuple[str, tuple[int, ...], str]:
         """(file, shape, safetensors dtype) of ``key``; errors name the file and key."""
         return self._check_readable(key)
 
@@ -267,7 +268,7 @@ class _Layout:
     def __init__(self, base: str, family: str, keys=None, fused=None):
         self.base, self.family, self.keys, self.fused = base, family, keys, fused
 
-    def expert_keys(self, e: int) -> Tuple[str, str, str]:
+    def expert_keys(self, e: int) -> tuple[str, str, str]:
         return tuple(f"{self.base}.{k.format(e=e)}" for k in self.keys)  # type: ignore
 
 
@@ -278,9 +279,8 @@ def _detect_layout(index: SafetensorsIndex, layer_idx: int, num_experts: int) ->
         for gu, dn in _FUSED_FAMILIES:
             gk, dk = f"{base}.{gu}", f"{base}.{dn}"
             hits = (gk in index) + (dk in index)
-            if hits:
-                if hits > best_hits:
-                    best, best_hits = _Layout(base, "fused", fused=(gk, dk)), hits
+            if hits > best_hits:
+                best, best_hits = _Layout(base, "fused", fused=(gk, dk)), hits
         for name, g, u, d in _EXPERT_FAMILIES:
             lay = _Layout(base, name, keys=(g, u, d))
             hits = sum(k in index for e in range(num_experts) for k in lay.expert_keys(e))
@@ -327,9 +327,9 @@ def load_bf16_layer(
     num_experts: int,
     hidden: int,
     intermediate: int,
-    pmap: Optional[torch.Tensor] = None,
+    pmap: torch.Tensor | None = None,
     batch: int = 16,
-    progress: Optional[bool] = None,
+    progress: bool | None = None,
 ) -> dict:
     """Load layer ``layer_idx``'s experts from a Hugging Face checkpoint into ``layer`` (a native
     MoELayer made for E=num_experts, H=hidden, I=intermediate): physical slot p gets logical
@@ -361,7 +361,8 @@ def load_bf16_layer(
                             if sib
                             else ""
                         )
-                        raise index.missing(k, hint=f" (layer {layer_idx}, expert {e} {what}){hint}")
+                        where = f" (layer {layer_idx}, expert {e} {what}){hint}"
+                        raise index.missing(k, hint=where)
                 dtypes[e] = tuple(
                     _checked(index, k, shape, f"layer {layer_idx}, expert {e} {what}")
                     for k, what, shape in zip(
@@ -383,7 +384,7 @@ def load_bf16_layer(
                 dt = dts[0]
             return dt, [t.contiguous() for t in tensors]
 
-        def read_batch(slots: List[int]):
+        def read_batch(slots: list[int]):
             return [(p, *read(logical[p])) for p in slots]
 
         batches = [list(range(s, min(E, s + batch))) for s in range(0, E, batch)]
@@ -400,7 +401,7 @@ def load_bf16_layer(
             for i in range(len(batches)):
                 items = fut.result()
                 fut = ex.submit(read_batch, batches[i + 1]) if i + 1 < len(batches) else None
-                by_dtype: Dict[str, list] = {}
+                by_dtype: dict[str, list] = {}
                 for p, dt, ts in items:
                     by_dtype.setdefault(dt, []).append((p, ts))
                     nbytes += sum(t.numel() * t.element_size() for t in ts)
