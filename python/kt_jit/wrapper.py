@@ -429,29 +429,6 @@ class KTMoEWrapper:
         w = topk_weights.detach().to(torch.float32).contiguous()
         return T, x, ids, w, hidden_states.dtype
 
-    def _compute(self, T, x, ids, w, out_dtype) -> torch.Tensor:
-        H, K = self.hidden_size, self.num_experts_per_tok
-        if T == 0:
-            return torch.empty((0, H), dtype=out_dtype)
-        mask = self._mask_for_forward()
-        mask_ptr = 0 if mask is None else mask.data_ptr()
-        out = torch.empty((T, H), dtype=torch.float32)
-        chunk = self.chunked_prefill_size
-        layer = self.moe
-        for s in range(0, T, chunk):
-            n = min(chunk, T - s)
-            layer.forward(
-                n,
-                x[s].data_ptr(),
-                ids[s].data_ptr(),
-                w[s].data_ptr(),
-                mask_ptr,
-                out[s].data_ptr(),
-            )
-        if out_dtype != torch.float32:
-            out = out.to(out_dtype)
-        return out
-
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
         """Stage the inputs and enqueue the forward on the process-wide task queue; returns at
         once. With max_deferred_experts_per_token > 0 a second task runs the deferred experts,
