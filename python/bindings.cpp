@@ -107,13 +107,52 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyMoELayer>(m, "MoELayer")
       .def(py::init([](int64_t E, int64_t K, int64_t H, int64_t I, const std::string& method,
-                       const std::string& isa) {
+                       const std::string& isa, const std::vector<int64_t>& shard_bounds) {
              auto l = std::make_unique<PyMoELayer>();
-             l->layer = std::make_unique<MoELayer>(MoEShape{E, K, H, I}, method, level_arg(isa));
+             const MoEShape shape{E, K, H, I};
+             l->layer =
+                 shard_bounds.empty()
+                     ? std::make_unique<MoELayer>(shape, method, level_arg(isa))
+                     : std::make_unique<MoELayer>(shape, method, level_arg(isa), shard_bounds);
              return l;
            }),
            py::arg("num_experts"), py::arg("top_k"), py::arg("hidden"), py::arg("intermediate"),
-           py::arg("method") = "AMXINT8", py::arg("isa") = "")
+           py::arg("method") = "AMXINT8", py::arg("isa") = "",
+           py::arg("shard_bounds") = std::vector<int64_t>{},
+           "shard_bounds: [0, b1, ..., I] splits I into shards (e.g. a checkpoint's NUMA parts); "
+           "each shard quantizes the down projection's input over its own slice.")
+      .def_property_readonly("shard_bounds",
+                             [](const PyMoELayer& s) {
+                               std::vector<int64_t> b{0};
+                               for (int i = 0; i < s.layer->num_shards(); ++i)
+                                 b.push_back(s.layer->shard_range(i).second);
+                               return b;
+                             })
+      .def(
+          "load_experts_quantized",
+          [](PyMoELayer& self, int shard, const std::vector<int64_t>& slots,
+             const std::vector<uintptr_t>& q_gate, const std::vector<uintptr_t>& d_gate,
+             const std::vector<uintptr_t>& q_up, const std::vector<uintptr_t>& d_up,
+             const std::vector<uintptr_t>& q_down, const std::vector<uintptr_t>& d_down) {
+            const size_t n = slots.size();
+            for (size_t len : {q_gate.size(), d_gate.size(), q_up.size(), d_up.size(),
+                               q_down.size(), d_down.size()})
+              if (len != n)
+                throw std::invalid_argument(
+                    "load_experts_quantized: every pointer list must have len(slots) entries");
+            std::vector<MoELayer::QuantExpertSource> src;
+            for (size_t i = 0; i < n; ++i)
+              src.push_back({slots[i], ptr<const int8_t>(q_gate[i]), ptr<const int8_t>(q_up[i]),
+                             ptr<const int8_t>(q_down[i]), ptr<const float>(d_gate[i]),
+                             ptr<const float>(d_up[i]), ptr<const float>(d_down[i])});
+            py::gil_scoped_release release;
+            self.layer->load_experts_quantized(shard, src, ThreadPool::global());
+          },
+          py::arg("shard"), py::arg("slots"), py::arg("q_gate"), py::arg("d_gate"), py::arg("q_up"),
+          py::arg("d_up"), py::arg("q_down"), py::arg("d_down"),
+          "Packs already-quantized experts of one shard without re-quantizing: int8 values the "
+          "kernels multiply (INT4: 16*q4) row-major — gate/up [is, H], down [H, is] — and fp32 "
+          "row scales [is], [is], [H].")
       .def(
           "load_from_float",
           [](PyMoELayer& self, uintptr_t gate, uintptr_t up, uintptr_t down,

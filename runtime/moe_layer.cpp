@@ -120,7 +120,26 @@ struct MoELayer::Scratch {
   std::vector<std::pair<int64_t, int64_t>> gu_units;  // (expert index in active, strip)
 };
 
+namespace {
+// Even split of I on vector boundaries into `shards` parts.
+std::vector<int64_t> even_bounds(int64_t I, int lanes, int shards) {
+  const int64_t units = (I + lanes - 1) / lanes;
+  if (shards < 1) shards = 1;
+  if (shards > units) shards = int(units);
+  std::vector<int64_t> b;
+  for (int s = 0; s <= shards; ++s) b.push_back(std::min(I, units * s / shards * lanes));
+  return b;
+}
+}  // namespace
+
 MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa, int shards)
+    : MoELayer(shape, method, isa,
+               even_bounds(shape.intermediate,
+                           vec_lanes(isa == IsaLevel::amx ? IsaLevel::avx512_bf16 : isa), shards)) {
+}
+
+MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
+                   const std::vector<int64_t>& shard_bounds)
     : shape_(shape), method_(method), isa_(isa), scratch_(std::make_unique<Scratch>()) {
   if (shape.experts <= 0 || shape.top_k <= 0 || shape.hidden <= 0 || shape.intermediate <= 0)
     throw std::invalid_argument(
@@ -131,13 +150,16 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
                                 " is above the selected level " + isa_name(selected_isa()));
   if (isa == IsaLevel::amx) isa_ = IsaLevel::avx512_bf16;  // AMX kernels are not generated yet
   lanes_ = vec_lanes(isa_);
-  if (shards < 1) shards = 1;
-  const int64_t units = (shape.intermediate + lanes_ - 1) / lanes_;
-  if (shards > units) shards = int(units);
-  for (int s = 0; s < shards; ++s) {
+  const auto& b = shard_bounds;
+  bool ok = b.size() >= 2 && b.front() == 0 && b.back() == shape.intermediate;
+  for (size_t i = 1; ok && i < b.size(); ++i) ok = b[i] > b[i - 1];
+  if (!ok)
+    throw std::invalid_argument("shard_bounds: expected increasing values from 0 to " +
+                                std::to_string(shape.intermediate));
+  for (size_t s = 0; s + 1 < b.size(); ++s) {
     Shard sh;
-    sh.i_begin = std::min(shape.intermediate, units * s / shards * lanes_);
-    sh.i_end = std::min(shape.intermediate, units * (s + 1) / shards * lanes_);
+    sh.i_begin = b[s];
+    sh.i_end = b[s + 1];
     const int64_t is = sh.i_end - sh.i_begin;
     const int bits = format_bits(format_);
     sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, bits);
@@ -213,27 +235,30 @@ std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, 
   return keys;
 }
 
+// Each shard has its own kernel sets: shards of different widths differ in their tail strips
+// (the kernels themselves are shared through the cache).
 void MoELayer::build_kernels() {
-  for (auto& sh : shards_)
-    if (sh.gu.tail_vecs != shards_[0].gu.tail_vecs ||
-        sh.down.tail_vecs != shards_[0].down.tail_vecs)
-      throw std::logic_error("MoELayer: shards with different tail strips are not supported yet");
-  gu_kernels_ = make_gemm_kernel_set(isa_, format_, Epilogue::siluup, shards_[0].gu.tail_vecs);
-  down_kernels_ = make_gemm_kernel_set(isa_, format_, Epilogue::accum, shards_[0].down.tail_vecs);
-  if (isa_ == IsaLevel::ref) return;
   auto& cache = KernelCache::instance();
-  for (GemmKernelSet* ks : {&gu_kernels_, &down_kernels_}) {
-    for (auto& k : ks->decode_full) ks->decode_full_k.push_back(cache.get(k));
-    for (auto& k : ks->decode_tail) ks->decode_tail_k.push_back(cache.get(k));
-    ks->prefill_full_k = cache.get(ks->prefill_full);
-    ks->prefill_tail_k = cache.get(ks->prefill_tail);
+  for (Shard& sh : shards_) {
+    sh.gu_kernels = make_gemm_kernel_set(isa_, format_, Epilogue::siluup, sh.gu.tail_vecs);
+    sh.down_kernels = make_gemm_kernel_set(isa_, format_, Epilogue::accum, sh.down.tail_vecs);
+    if (isa_ == IsaLevel::ref) continue;
+    for (GemmKernelSet* ks : {&sh.gu_kernels, &sh.down_kernels}) {
+      for (auto& k : ks->decode_full) ks->decode_full_k.push_back(cache.get(k));
+      for (auto& k : ks->decode_tail) ks->decode_tail_k.push_back(cache.get(k));
+      ks->prefill_full_k = cache.get(ks->prefill_full);
+      ks->prefill_tail_k = cache.get(ks->prefill_tail);
+    }
   }
 }
 
 std::vector<std::string> MoELayer::kernel_names() const {
   std::vector<std::string> names;
-  for (const GemmKernelSet* ks : {&gu_kernels_, &down_kernels_})
-    for (auto& k : ks->keys()) names.push_back(k.name());
+  for (const Shard& sh : shards_)
+    for (const GemmKernelSet* ks : {&sh.gu_kernels, &sh.down_kernels})
+      for (auto& k : ks->keys())
+        if (std::find(names.begin(), names.end(), k.name()) == names.end())
+          names.push_back(k.name());
   return names;
 }
 
@@ -271,14 +296,7 @@ void MoELayer::load_experts(const std::vector<ExpertSource>& experts, SourceDTyp
     if (x.slot < 0 || x.slot >= E)
       throw std::invalid_argument("expert slot: expected a value in [0, " + std::to_string(E) +
                                   "), got " + std::to_string(x.slot));
-  if (slot_loaded_.empty()) {
-    for (auto& sh : shards_) {
-      sh.weights = AlignedBuffer(size_t(E * sh.expert_bytes));
-      sh.scales = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
-      sh.comps = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
-    }
-    slot_loaded_.assign(size_t(E), 0);
-  }
+  ensure_allocated();
   const auto quantize_w =
       format_ == WeightFormat::int4 ? formats::quantize_row_int4 : formats::quantize_row_int8;
   const int64_t n = int64_t(experts.size());
@@ -330,8 +348,61 @@ void MoELayer::load_experts(const std::vector<ExpertSource>& experts, SourceDTyp
       }
     }
   });
-  for (const ExpertSource& x : experts) slot_loaded_[size_t(x.slot)] = 1;
-  loaded_ = std::count(slot_loaded_.begin(), slot_loaded_.end(), 1) == E;
+  for (const ExpertSource& x : experts)
+    for (int si = 0; si < num_shards(); ++si) mark_loaded(si, x.slot);
+}
+
+void MoELayer::ensure_allocated() {
+  const int64_t E = shape_.experts;
+  if (!slot_loaded_.empty()) return;
+  for (auto& sh : shards_) {
+    sh.weights = AlignedBuffer(size_t(E * sh.expert_bytes));
+    sh.scales = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
+    sh.comps = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
+  }
+  slot_loaded_.assign(size_t(E) * shards_.size(), 0);
+}
+
+void MoELayer::mark_loaded(int shard, int64_t slot) {
+  slot_loaded_[size_t(shard) * size_t(shape_.experts) + size_t(slot)] = 1;
+  loaded_ = std::count(slot_loaded_.begin(), slot_loaded_.end(), 1) == int64_t(slot_loaded_.size());
+}
+
+void MoELayer::load_experts_quantized(int shard, const std::vector<QuantExpertSource>& experts,
+                                      ThreadPool& pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (format_ != WeightFormat::int8 && format_ != WeightFormat::int4)
+    throw std::invalid_argument("load_experts_quantized: method " + method_ +
+                                " is not an integer method");
+  if (shard < 0 || shard >= num_shards())
+    throw std::invalid_argument("shard: expected a value in [0, " + std::to_string(num_shards()) +
+                                "), got " + std::to_string(shard));
+  for (const QuantExpertSource& x : experts)
+    if (x.slot < 0 || x.slot >= shape_.experts)
+      throw std::invalid_argument("expert slot: expected a value in [0, " +
+                                  std::to_string(shape_.experts) + "), got " +
+                                  std::to_string(x.slot));
+  ensure_allocated();
+  Shard& sh = shards_[size_t(shard)];
+  const int64_t n = int64_t(experts.size());
+  pool.run([&](int tid, int nt) {
+    int64_t j0, j1;
+    split_range(n, tid, nt, &j0, &j1);
+    for (int64_t j = j0; j < j1; ++j) {
+      const QuantExpertSource& x = experts[size_t(j)];
+      int8_t* wb = sh.weights.as<int8_t>() + x.slot * sh.expert_bytes;
+      float* sb = sh.scales.as<float>() + x.slot * sh.expert_cols;
+      int32_t* cb = sh.comps.as<int32_t>() + x.slot * sh.expert_cols;
+      const int8_t* gu_q[2] = {x.q_gate, x.q_up};
+      const float* gu_d[2] = {x.d_gate, x.d_up};
+      formats::pack_int8_strips(sh.gu, gu_q, gu_d, wb, sb, cb);
+      const int8_t* d_q[1] = {x.q_down};
+      const float* d_d[1] = {x.d_down};
+      formats::pack_int8_strips(sh.down, d_q, d_d, wb + sh.gu.total_bytes(),
+                                sb + sh.gu.total_cols(), cb + sh.gu.total_cols());
+    }
+  });
+  for (const QuantExpertSource& x : experts) mark_loaded(shard, x.slot);
 }
 
 void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout, bool reference,
@@ -541,7 +612,7 @@ void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, Thread
       const int64_t e = s.active[size_t(ai)];
       const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
       const int64_t p = e;
-      run_gemm(gu_kernels_, sh.gu, reference, sh.weights.as<int8_t>() + p * sh.expert_bytes,
+      run_gemm(sh.gu_kernels, sh.gu, reference, sh.weights.as<int8_t>() + p * sh.expert_bytes,
                sh.scales.as<float>() + p * sh.expert_cols,
                sh.comps.as<int32_t>() + p * sh.expert_cols, st0, st1, s.aq.data() + row0 * s.lda_x,
                s.lda_x, s.as.data() + row0, m, s.h_rows.data() + row0, 0, nullptr);
@@ -572,7 +643,7 @@ void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, Thread
     if (st0 >= st1) return;
     for (int e : s.active) {
       const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
-      run_gemm(down_kernels_, sh.down, reference,
+      run_gemm(sh.down_kernels, sh.down, reference,
                sh.weights.as<int8_t>() + int64_t(e) * sh.expert_bytes + sh.gu.total_bytes(),
                sh.scales.as<float>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(),
                sh.comps.as<int32_t>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(), st0, st1,

@@ -78,12 +78,17 @@ struct Shard {
   AlignedBuffer scales;   // per expert: gu cols then down cols (float)
   AlignedBuffer comps;    // per expert: gu cols then down cols (int32)
   int64_t expert_bytes = 0, expert_cols = 0;
+  GemmKernelSet gu_kernels, down_kernels;
 };
 
 class MoELayer {
  public:
   // method: one of built_methods(). isa: a level to run at (<= selected_isa()).
   MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa, int shards = 1);
+  // Shards with explicit bounds [b0 = 0, b1, ..., bn = I) of the intermediate dimension (e.g. the
+  // parts of a checkpoint quantized per NUMA part).
+  MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
+           const std::vector<int64_t>& shard_bounds);
   ~MoELayer();
 
   // gate/up [E, I, H], down [E, H, I] in `dtype`; map[p] = logical expert held by slot p (or null).
@@ -99,6 +104,22 @@ class MoELayer {
   // Packs the given experts (in parallel) into their physical slots; the layer is loaded once
   // every slot has been. Loaders hand memory-mapped checkpoint data here without stacking it.
   void load_experts(const std::vector<ExpertSource>& experts, SourceDType dtype, ThreadPool& pool);
+
+  // Already quantized experts of one shard (integer methods): the int8 values the kernels
+  // multiply (for INT4 the values 16 * q4) and the per-row fp32 scales — gate and up [is, H] with
+  // [is] scales, down [H, is] with [H] scales, is = the shard's slice of I. Packed as they are:
+  // no re-quantization, so a converted checkpoint keeps its exact numbers.
+  struct QuantExpertSource {
+    int64_t slot;
+    const int8_t *q_gate, *q_up, *q_down;
+    const float *d_gate, *d_up, *d_down;
+  };
+  void load_experts_quantized(int shard, const std::vector<QuantExpertSource>& experts,
+                              ThreadPool& pool);
+  int num_shards() const { return int(shards_.size()); }
+  std::pair<int64_t, int64_t> shard_range(int s) const {
+    return {shards_[size_t(s)].i_begin, shards_[size_t(s)].i_end};
+  }
   bool loaded() const { return loaded_; }
 
   // x fp32 [T, H]; ids int64 [T, K]; w fp32 [T, K]; mask bool [E] or null; out fp32 [T, H].
@@ -125,9 +146,10 @@ class MoELayer {
   IsaLevel isa_;
   int lanes_;
   std::vector<Shard> shards_;
-  GemmKernelSet gu_kernels_, down_kernels_;
   bool loaded_ = false;
-  std::vector<uint8_t> slot_loaded_;
+  std::vector<uint8_t> slot_loaded_;  // [shard][slot]
+  void ensure_allocated();
+  void mark_loaded(int shard, int64_t slot);
   std::unique_ptr<Scratch> scratch_;
   std::mutex mu_;
 };

@@ -2,6 +2,7 @@
 // thread-count independence, run-to-run determinism, skipped ids.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -103,6 +104,35 @@ TEST(MoELayer, RejectsUnbuiltMethodAndBadMap) {
   int64_t ids[1] = {0};
   float w[1] = {1};
   EXPECT_THROW(layer.forward(1, x.data(), ids, w, nullptr, out.data(), p), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace ktjit
+
+namespace ktjit {
+namespace {
+
+TEST(MoELayer, UnevenShardsMatchReferenceAndOneShard) {
+  // Shards of different widths have different tail strips, so different kernels.
+  const Case c{{6, 2, 160, 88}, 9};
+  if (test::runnable_levels().empty()) GTEST_SKIP() << "this CPU runs no generated x86 level";
+  ThreadPool p(2, 1);
+  for (IsaLevel isa : test::runnable_levels()) {
+    Data d = make_data(c, 77);
+    MoELayer one(c.shape, "BF16", isa);
+    MoELayer three(c.shape, "BF16", isa, std::vector<int64_t>{0, 16, 56, 88});
+    for (MoELayer* l : {&one, &three})
+      l->load_from_float(d.gate.data(), d.up.data(), d.down.data(), SourceDType::f32, nullptr, p);
+    auto a = run(one, c, d, p, false);
+    auto b = run(three, c, d, p, false);
+    auto r = run(three, c, d, p, true);
+    ASSERT_EQ(0, std::memcmp(b.data(), r.data(), b.size() * 4)) << isa_name(isa);
+    float amax = 0;
+    for (float v : a) amax = std::max(amax, std::fabs(v));
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5f * amax) << i;
+  }
+  EXPECT_THROW(MoELayer(c.shape, "BF16", IsaLevel::ref, std::vector<int64_t>{0, 40, 30, 88}),
+               std::invalid_argument);
 }
 
 }  // namespace
