@@ -273,7 +273,29 @@ class KTMoEWrapper:
         """Load this layer's experts from ``weight_path`` in the format ``method`` implies.
 
         BF16: a Hugging Face checkpoint directory (``*.safetensors`` + ``config.json``), see
-        docs/FORMATS.md "Loading from a checkpoint"."""
+        docs/FORMATS.md "Loading from a checkpoint". AMXINT8 / AMXINT4: a directory converted by
+        kt-kernel (safetensors or ``.kt`` tree, any number of NUMA parts), see docs/FORMATS.md
+        "Loading kt-kernel converted directories"."""
+        if self.method in ("AMXINT8", "AMXINT4", "MOE_INT8", "MOE_INT4"):
+            from .loaders import hf, ktkernel
+
+            E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
+            pmap = self._check_map(physical_to_logical_map_cpu)
+            ktkernel.method_bits(self.method)  # MOE_*: NotImplementedError before any I/O
+            if not self.weight_path or not os.path.exists(self.weight_path):
+                raise FileNotFoundError(f"weight_path: {self.weight_path!r} does not exist")
+            hf.check_model_shape(self.weight_path, E, self.num_experts_per_tok, H, I)
+            K, method = self.num_experts_per_tok, self.method
+            layer, self.load_stats = ktkernel.load_ktkernel_layer(
+                lambda bounds: _core.MoELayer(E, K, H, I, method, "", shard_bounds=bounds),
+                self.weight_path, self.layer_idx, E, H, I, pmap, method,
+            )
+            if not layer.loaded:  # pragma: no cover - the loader fills every slot or raises
+                raise RuntimeError(
+                    f"load_weights: layer {self.layer_idx} has unloaded expert slots"
+                )
+            self.moe = layer
+            return
         if self.method != "BF16":
             raise NotImplementedError(
                 f"load_weights: loading method {self.method!r} from weight_path "
