@@ -139,8 +139,8 @@ def test_capture_batch_sizes_and_cache():
     kt_jit.KTMoEWrapper.set_capture_batch_sizes([])
 
 
-def test_load_weights_from_path_not_built():
-    wr = make_wrapper(E, K, H, I, method="AMXINT8")
+def test_load_weights_from_path_not_built_for_moe_int8():
+    wr = make_wrapper(E, K, H, I, method="MOE_INT8")
     with pytest.raises(NotImplementedError) as ei:
         wr.load_weights(torch.arange(E))
     assert "load_weights_from_tensors" in str(ei.value)

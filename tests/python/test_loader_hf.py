@@ -215,6 +215,6 @@ def test_no_expert_keys_for_layer(ref, tmp_path):
 
 
 def test_other_methods_still_not_built(ref, tmp_path):
-    wr = make_wrapper(ref, tmp_path, method="AMXINT8")
+    wr = make_wrapper(ref, tmp_path, method="MOE_INT8")
     with pytest.raises(NotImplementedError, match="load_weights_from_tensors"):
         wr.load_weights(torch.arange(E))
