@@ -23,7 +23,7 @@ kernels "$isa" >"$tmp/kernels.txt"
 [ "$isa" != "avx2" ] && kernels avx2 >>"$tmp/kernels.txt"
 
 for m in AMXINT8 AMXINT4 BF16; do
-  (cd /tmp && "$PYTHON" -m kt_jit.bench --method "$m" --markdown "$tmp/$m.md" >/dev/null)
+  (cd /tmp && "$PYTHON" -m kt_jit.bench --method "$m" --torch-peer --markdown "$tmp/$m.md" >/dev/null)
 done
 (cd /tmp && "$PYTHON" -m kt_jit.bench --method AMXINT8 --threads 2 --markdown "$tmp/2t.md" >/dev/null)
 

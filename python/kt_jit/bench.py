@@ -88,16 +88,22 @@ def _fmt(v: float, digits: int = 1) -> str:
 
 
 def _markdown_table(results: List[Dict]) -> str:
-    lines = [
-        "| T | µs (median) | tokens/s | experts touched | weight GB/s | Gop/s | roof% | bound |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    peer = any("torch_us" in r for r in results)
+    head = "| T | µs (median) | tokens/s | experts touched | weight GB/s | Gop/s | roof% | bound |"
+    rule = "|---:|---:|---:|---:|---:|---:|---:|---|"
+    if peer:
+        head += " torch bf16 µs | vs torch |"
+        rule += "---:|---:|"
+    lines = [head, rule]
     for r in results:
-        lines.append(
+        line = (
             f"| {r['tokens']} | {_fmt(r['us'])} | {_fmt(r['tokens_per_s'])} | "
             f"{r['experts_touched']} | {_fmt(r['weight_gbs'], 2)} | {_fmt(r['gops'])} | "
             f"{_fmt(r['roof_pct'])}% | {r['bound']} |"
         )
+        if peer:
+            line += f" {_fmt(r.get('torch_us', 0))} | {r.get('speedup_vs_torch', 0):.1f}x |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -114,6 +120,53 @@ def _limits_lines(lim: Dict, read_bw: float, peak: float, peak_name: str, thread
             f"{_fmt(peak)} Gop/s ({threads} thread{'s' if threads != 1 else ''})",
         ]
     )
+
+
+def _torch_peer(torch, args, results, E, K, H, I, threads, layers_n):
+    """torch's bf16 eager MoE (per-expert matmuls, the way an HF model block runs experts) on the
+    same shape, token counts and rotation, in the same process; adds torch_us and speedup."""
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    n = max(2, min(layers_n, 2))  # bf16 layers are 2x the int8 bytes; 2 layers still exceed L3
+    tl = [
+        (
+            torch.randn(E, I, H, generator=gen).mul_(0.02).bfloat16(),
+            torch.randn(E, I, H, generator=gen).mul_(0.02).bfloat16(),
+            torch.randn(E, H, I, generator=gen).mul_(0.02).bfloat16(),
+        )
+        for _ in range(n)
+    ]
+
+    def moe(layer, x, ids, w):
+        g, u, d = layer
+        out = torch.zeros(x.shape[0], H, dtype=torch.float32)
+        for e in ids.unique().tolist():
+            rows, slots = (ids == e).nonzero(as_tuple=True)
+            xe = x[rows]
+            h = torch.nn.functional.silu(xe @ g[e].T) * (xe @ u[e].T)
+            out.index_add_(0, rows, (h @ d[e].T).float() * w[rows, slots, None])
+        return out
+
+    for r in results:
+        t = r["tokens"]
+        x = torch.randn(t, H, generator=gen).bfloat16()
+        ids, w = _routing(torch, t, E, K, gen)
+        moe(tl[0], x, ids, w)
+        times = []
+        start = time.perf_counter()
+        for i in range(max(3, min(r["reps"], 10))):
+            a = time.perf_counter_ns()
+            moe(tl[i % n], x, ids, w)
+            times.append((time.perf_counter_ns() - a) * 1e-9)
+            if len(times) >= 3 and time.perf_counter() - start > args.budget_s:
+                break
+        r["torch_us"] = statistics.median(times) * 1e6
+        r["speedup_vs_torch"] = r["torch_us"] / r["us"]
+        print(
+            f"T={t:5d}: torch bf16 eager {r['torch_us']:10.1f} µs -> kt-jit "
+            f"{r['speedup_vs_torch']:.1f}x faster",
+            flush=True,
+        )
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -141,6 +194,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="stop timing a token count after this many seconds (>= 3 reps)",
     )
     p.add_argument("--method", default="AMXINT8", help="MoELayer method (default AMXINT8)")
+    p.add_argument(
+        "--torch-peer",
+        action="store_true",
+        help="also time torch's bf16 eager MoE on the same shape in this process",
+    )
     p.add_argument("--isa", default="", help="ISA level for the layer (default: selected)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write results as JSON")
@@ -275,6 +333,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"roof {r['roof_pct']:5.1f}%  ({r['reps']} reps)",
             flush=True,
         )
+
+    if args.torch_peer:
+        _torch_peer(torch, args, results, E, K, H, I, threads, layers_n)
 
     table = _markdown_table(results)
     print()
