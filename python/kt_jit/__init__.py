@@ -27,12 +27,19 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
-if _env_flag("KT_JIT_DEBUG"):
-    logger.setLevel(logging.DEBUG)
-    if not logger.handlers:
-        _handler = logging.StreamHandler()
-        _handler.setFormatter(logging.Formatter("[kt_jit %(levelname)s] %(message)s"))
-        logger.addHandler(_handler)
+# The start-up line (version, ISA, threads, method) and load summaries are INFO messages that a
+# user should see without configuring logging: they go to stderr through kt-jit's own handler.
+# KT_JIT_LOG_LEVEL=WARNING silences them; KT_JIT_DEBUG=1 adds the debug detail.
+if not logger.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("[kt_jit] %(message)s"))
+    logger.addHandler(_handler)
+    logger.propagate = False
+logger.setLevel(
+    logging.DEBUG
+    if _env_flag("KT_JIT_DEBUG")
+    else getattr(logging, os.environ.get("KT_JIT_LOG_LEVEL", "INFO").upper(), logging.INFO)
+)
 
 __version__: str = _core.__version__
 __isa__: str = _core.isa()

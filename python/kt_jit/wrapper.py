@@ -6,6 +6,7 @@ import logging
 import operator
 import os
 import threading
+import time
 from typing import List, Optional, Sequence
 
 import torch
@@ -45,6 +46,21 @@ _SERVING_ISSUE = (
 
 _pool_lock = threading.Lock()
 _pool_state: Optional[dict] = None
+
+
+#: Experts handed to the packer per call of the online-quantization load.
+_LOAD_BATCH = 16
+
+
+def _progress(total: int, desc: str):
+    """A tqdm bar on stderr for long work, or None when tqdm is missing or the work is small."""
+    if total < 2 * _LOAD_BATCH:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=total, desc=desc, unit="expert", leave=False)
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -288,7 +304,13 @@ class KTMoEWrapper:
             K, method = self.num_experts_per_tok, self.method
             layer, self.load_stats = ktkernel.load_ktkernel_layer(
                 lambda bounds: _core.MoELayer(E, K, H, I, method, "", shard_bounds=bounds),
-                self.weight_path, self.layer_idx, E, H, I, pmap, method,
+                self.weight_path,
+                self.layer_idx,
+                E,
+                H,
+                I,
+                pmap,
+                method,
             )
             if not layer.loaded:  # pragma: no cover - the loader fills every slot or raises
                 raise RuntimeError(
@@ -310,9 +332,7 @@ class KTMoEWrapper:
             raise FileNotFoundError(f"weight_path: {self.weight_path!r} does not exist")
         hf.check_model_shape(self.weight_path, E, self.num_experts_per_tok, H, I)
         layer = _core.MoELayer(E, self.num_experts_per_tok, H, I, self.method)
-        self.load_stats = hf.load_bf16_layer(
-            layer, self.weight_path, self.layer_idx, E, H, I, pmap
-        )
+        self.load_stats = hf.load_bf16_layer(layer, self.weight_path, self.layer_idx, E, H, I, pmap)
         if not layer.loaded:  # pragma: no cover - the loader fills every slot or raises
             raise RuntimeError(f"load_weights: layer {self.layer_idx} has unloaded expert slots")
         self.moe = layer
@@ -372,22 +392,39 @@ class KTMoEWrapper:
         gate, up, down = (w.detach().contiguous() for w in (gate, up, down))
         dtype = _WEIGHT_DTYPES[gate.dtype]
         layer = _core.MoELayer(E, self.num_experts_per_tok, H, I, self.method)
-        layer.load_from_float(
-            gate.data_ptr(),
-            up.data_ptr(),
-            down.data_ptr(),
-            dtype,
-            0 if pmap is None else pmap.data_ptr(),
-        )
+        # Experts go to the packer in batches (each packed on all pool threads) so a long load
+        # shows progress; slot p takes logical expert pmap[p].
+        logical = list(range(E)) if pmap is None else [int(v) for v in pmap.tolist()]
+        esz = gate.element_size()
+        gb, ub, db = gate.data_ptr(), up.data_ptr(), down.data_ptr()
+        t0 = time.perf_counter()
+        bar = _progress(E, f"layer {self.layer_idx}: {self.method} packing")
+        for s in range(0, E, _LOAD_BATCH):
+            slots = list(range(s, min(E, s + _LOAD_BATCH)))
+            layer.load_experts(
+                slots,
+                [gb + logical[p] * I * H * esz for p in slots],
+                [ub + logical[p] * I * H * esz for p in slots],
+                [db + logical[p] * H * I * esz for p in slots],
+                dtype,
+            )
+            if bar is not None:
+                bar.update(len(slots))
+        if bar is not None:
+            bar.close()
+        secs = time.perf_counter() - t0
+        nbytes = (gate.numel() + up.numel() + down.numel()) * esz
+        self.load_stats = {"bytes": nbytes, "seconds": secs, "gb_per_s": nbytes / secs / 1e9}
         self.moe = layer
-        logger.debug(
-            "layer %d: loaded %d experts (H=%d, I=%d, %s) for %s on isa %s",
+        logger.info(
+            "layer %d: %s from %s tensors: %.2f GB in %.2f s (%.2f GB/s), %d experts, isa %s",
             self.layer_idx,
-            E,
-            H,
-            I,
-            dtype,
             self.method,
+            dtype,
+            nbytes / 1e9,
+            secs,
+            nbytes / secs / 1e9,
+            E,
             layer.isa,
         )
 

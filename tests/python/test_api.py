@@ -391,12 +391,15 @@ def test_doctor_cli(tmp_path):
 
 
 def test_startup_log_line(tmp_path):
+    """The start-up line is visible by default (stderr) and KT_JIT_LOG_LEVEL=WARNING silences it."""
     code = (
         "import kt_jit\n"
         "kt_jit.KTMoEWrapper(0, 8, 2, 64, 32, None, 2, 1, '', 64, method='MOE_INT8')\n"
     )
-    env = dict(os.environ, KT_JIT_DEBUG="1")
+    env = dict(os.environ)
     env.pop("KT_JIT_ISA", None)
+    env.pop("KT_JIT_DEBUG", None)
+    env.pop("KT_JIT_LOG_LEVEL", None)
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path)
     )
@@ -405,3 +408,8 @@ def test_startup_log_line(tmp_path):
     assert line, proc.stderr[-3000:]
     for part in (kt_jit.__version__, f"isa={kt_jit.__isa__}", "pools=1", "numa_nodes", "MOE_INT8"):
         assert part in line[0], line[0]
+    env["KT_JIT_LOG_LEVEL"] = "WARNING"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path)
+    )
+    assert proc.returncode == 0 and "threads=" not in proc.stderr, proc.stderr[-3000:]
