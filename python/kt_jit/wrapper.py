@@ -430,7 +430,7 @@ class KTMoEWrapper:
 
     # ----------------------------------------------------------------------------------------
     def _prepare(self, hidden_states, topk_ids, topk_weights, cuda_stream):
-        """Validate everything and return (T, x_fp32, ids_i64, w_fp32, out_dtype)."""
+        """Validate everything; return (T, x [T, H] view, ids int64 [T, K], w fp32 [T, K], dtype)."""
         H, K = self.hidden_size, self.num_experts_per_tok
         if not isinstance(hidden_states, torch.Tensor):
             raise TypeError(
@@ -483,9 +483,15 @@ class KTMoEWrapper:
                 "forward: weights are not loaded; call load_weights_from_tensors(...) "
                 "(or load_weights(...)) before forward"
             )
-        x = hidden_states.detach().reshape(T, H).to(torch.float32).contiguous()
-        ids = topk_ids.detach().to(torch.int64).contiguous()
-        w = topk_weights.detach().to(torch.float32).contiguous()
+        # Views only: the staging copies (serving.submit) convert dtypes and gather strided data
+        # in one pass, so nothing is copied twice on the decode path.
+        x = hidden_states.detach().reshape(T, H)
+        ids = topk_ids.detach()
+        if ids.dtype != torch.int64:
+            ids = ids.to(torch.int64)
+        w = topk_weights.detach()
+        if w.dtype != torch.float32:
+            w = w.to(torch.float32)
         return T, x, ids, w, hidden_states.dtype
 
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
