@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 namespace ktjit::formats {
 
@@ -118,6 +120,10 @@ void pack_int8_strips(const StripLayout& l, const int8_t* const* q, const float*
             // Step pair p = kk/8: the byte of step 2p (at the same in-step offset) holds it.
             const int64_t step = kk / 4, in_step = off - step * cols * 4;
             const int64_t byte = (step / 2) * cols * 4 + in_step;
+            if (qr[kk] % 16 != 0)
+              throw std::invalid_argument(
+                  "int4 weights: expected values 16 * q4 (multiples of 16), got " +
+                  std::to_string(int(qr[kk])));
             const uint8_t nib = uint8_t(qr[kk] >> 4) & 0x0f;
             base[byte] = int8_t(uint8_t(base[byte]) | (step % 2 ? nib << 4 : nib));
           }

@@ -124,3 +124,23 @@ def test_shards_split_the_intermediate_dimension():
         _core.MoELayer(E, K, H, I, "BF16", "", shard_bounds=[0, 50, 40, 48])
     with pytest.raises(ValueError, match="not an integer method"):
         layer.load_experts_quantized(0, [], [], [], [], [], [], [])
+
+
+def test_quantized_int4_load_refuses_values_off_the_grid():
+    layer = _core.MoELayer(E, K, H, I, "AMXINT4")
+    q = torch.full((I, H), 16, dtype=torch.int8)
+    q[3, 5] = 7  # not 16 * q4
+    qd = torch.full((H, I), 16, dtype=torch.int8)
+    d = torch.ones(I)
+    dd = torch.ones(H)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        layer.load_experts_quantized(
+            0,
+            [0],
+            [q.data_ptr()],
+            [d.data_ptr()],
+            [q.data_ptr()],
+            [d.data_ptr()],
+            [qd.data_ptr()],
+            [dd.data_ptr()],
+        )
