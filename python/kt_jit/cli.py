@@ -111,30 +111,32 @@ def _refusal_reason(level: str, features: dict, runnable: List[str]) -> str:
     return "; ".join(parts)
 
 
-def _self_test(isa: str) -> str:
-    """One tiny MoELayer forward on ``isa`` against the C++ reference path; '' when identical."""
+def _self_test(isa: str, method: str = "AMXINT8") -> str:
+    """Tiny MoELayer forwards on ``isa`` against the C++ reference path, at a decode-sized and a
+    prefill-sized T (so both kernel variants and every epilogue run); '' when identical."""
     import torch
 
     from . import _core
 
-    E, K, H, I, T = 8, 2, 128, 64, 5
+    E, K, H, I = 8, 2, 128, 80  # I = 80: a tail strip at every vector width
     g = torch.Generator().manual_seed(1234)
     gate = torch.randn(E, I, H, generator=g) * 0.05
     up = torch.randn(E, I, H, generator=g) * 0.05
     down = torch.randn(E, H, I, generator=g) * 0.05
-    x = torch.randn(T, H, generator=g)
-    ids = torch.randint(0, E, (T, K), generator=g, dtype=torch.int64)
-    w = torch.rand(T, K, generator=g)
-    layer = _core.MoELayer(E, K, H, I, "AMXINT8", isa)
+    layer = _core.MoELayer(E, K, H, I, method, isa)
     layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), "f32", 0)
-    out = torch.empty(T, H)
-    ref = torch.empty(T, H)
-    layer.forward(T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr())
-    layer.forward_reference(T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, ref.data_ptr())
-    if torch.equal(out, ref):
-        return ""
-    diff = (out - ref).abs().max().item()
-    return f"max |jit - reference| = {diff:.3g}"
+    for T in (5, 60):
+        x = torch.randn(T, H, generator=g)
+        ids = torch.randint(0, E, (T, K), generator=g, dtype=torch.int64)
+        w = torch.rand(T, K, generator=g)
+        out = torch.empty(T, H)
+        ref = torch.empty(T, H)
+        layer.forward(T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr())
+        layer.forward_reference(T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, ref.data_ptr())
+        if not torch.equal(out, ref):
+            diff = (out - ref).abs().max().item()
+            return f"T={T}: max |jit - reference| = {diff:.3g}"
+    return ""
 
 
 def cmd_doctor(argv: List[str]) -> int:
@@ -164,16 +166,19 @@ def cmd_doctor(argv: List[str]) -> int:
         if key == "refused":
             continue
         print(f"  {key}: {feats[key]}")
-    print("self-test (tiny MoE layer, JIT vs C++ reference, bitwise):")
+    print("self-test (tiny MoE layer per method, JIT vs C++ reference, bitwise):")
     failures = 0
+    methods = [m.strip() for m in _core.built_methods().split(",")]
     for isa in runnable:
-        try:
-            problem = _self_test(isa)
-        except Exception as e:  # report, never crash the doctor
-            problem = f"{type(e).__name__}: {e}"
-        status = "pass" if not problem else f"FAIL ({problem})"
-        failures += bool(problem)
-        print(f"  {isa:<12} {status}")
+        results = []
+        for method in methods:
+            try:
+                problem = _self_test(isa, method)
+            except Exception as e:  # report, never crash the doctor
+                problem = f"{type(e).__name__}: {e}"
+            failures += bool(problem)
+            results.append(f"{method} {'pass' if not problem else 'FAIL (' + problem + ')'}")
+        print(f"  {isa:<12} " + ", ".join(results))
     return 1 if failures else 0
 
 
