@@ -21,4 +21,5 @@ fi
 echo "== pip: torch (CPU build, pinned), test and build tools"
 # Debian's system Python refuses pip installs without this (PEP 668); harmless elsewhere.
 export PIP_BREAK_SYSTEM_PACKAGES=1
-"$PYTHON" -m pip install torch==2.13.0 numpy pytest pybind11 scikit-build-core ninja safetensors tqdm
+"$PYTHON" -m pip install torch==2.13.0 numpy pytest pybind11 scikit-build-core ninja safetensors tqdm \
+    transformers==5.23.0
