@@ -60,13 +60,14 @@ void flip_sign_bits(int8_t* q, int64_t n) {
 }
 
 StripLayout StripLayout::make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
-                              int bits) {
+                              int bits, int kgroup, int64_t g_steps) {
   StripLayout l;
   l.n = n;
   l.k = k;
   l.bits = bits;
-  l.kgroup = bits == 16 ? 1 : 4;
-  l.k4 = bits == 16 ? k : bits == 4 ? (k + 7) / 8 * 2 : (k + 3) / 4;
+  l.kgroup = kgroup ? kgroup : bits == 16 ? 1 : 4;
+  l.k4 = l.kgroup == 1 ? k : bits == 4 ? (k + 7) / 8 * 2 : (k + 3) / 4;
+  l.g_steps = g_steps;
   l.lanes = lanes;
   l.strip_vecs = strip_vecs;
   l.sources = sources;
@@ -162,6 +163,48 @@ void pack_bf16_strips(const StripLayout& l, const float* const* w, uint16_t* out
           base[kk * cols + j] = f32_to_bf16(w[src][row * l.k + kk]);
       scale[c] = 1.0f;
       comp[c] = 0;
+    }
+  }
+}
+
+void pack_fp8_strips(const StripLayout& l, const uint8_t* const* w, const float* const* block,
+                     const float* const* row, uint8_t* out, float* scale, int32_t* comp,
+                     float* gscale) {
+  constexpr float kBias = 1.329227995784916e36f;  // 2^120, see gemm.hpp
+  std::memset(out, 0, size_t(l.total_bytes()));
+  const int64_t kb = (l.k + 127) / 128;
+  const int64_t groups = l.groups();
+  int64_t c = 0;
+  for (int64_t s = 0; s < l.num_strips(); ++s) {
+    const int vecs = s < l.full_strips ? l.strip_vecs : l.tail_vecs;
+    const int cols = l.strip_cols(vecs);
+    uint8_t* base = out + l.strip_offset(s);
+    float* gs = gscale + s * l.gscale_floats_per_strip();
+    int64_t half_block[2] = {-1, -1};
+    for (int j = 0; j < cols; ++j, ++c) {
+      int src;
+      int64_t r;
+      packed_column_source(l, c, &src, &r);
+      const int half = l.sources == 2 ? src : 0;
+      if (r >= 0) {
+        for (int64_t kk = 0; kk < l.k; ++kk) base[kk * cols + j] = w[src][r * l.k + kk];
+        if (block) {
+          if (half_block[half] >= 0 && half_block[half] != r / 128)
+            throw std::invalid_argument("fp8: a strip's rows cross a 128-row scale block");
+          half_block[half] = r / 128;
+        }
+      }
+      scale[c] = block ? 1.0f : (r >= 0 ? row[src][r] : 0.0f);
+      comp[c] = 0;
+    }
+    for (int h = 0; h < 2; ++h) {
+      const int src = l.sources == 2 ? h : 0;
+      for (int64_t g = 0; g < groups; ++g) {
+        float v = kBias;
+        const int hb = l.sources == 2 ? h : 0;
+        if (block && half_block[hb] >= 0) v = block[src][half_block[hb] * kb + g] * kBias;
+        for (int i = 0; i < l.lanes; ++i) gs[(g * 2 + h) * l.lanes + i] = v;
+      }
     }
   }
 }

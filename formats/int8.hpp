@@ -42,8 +42,16 @@ struct StripLayout {
   int64_t full_strips = 0;
   int tail_vecs = 0;  // vectors in the last, narrower strip (0 = none)
 
+  // kgroup: 0 picks the integer dot-product grouping (4) for 4/8 bits and 1 for 16 bits; fp8
+  // strips are 8 bits with kgroup 1. g_steps: fp8 scale group in K steps (0 = no groups).
   static StripLayout make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
-                          int bits = 8);
+                          int bits = 8, int kgroup = 0, int64_t g_steps = 0);
+  int64_t g_steps = 0;
+  int64_t groups() const { return g_steps ? (k4 + g_steps - 1) / g_steps : 0; }
+  int64_t num_strips() const { return full_strips + (tail_vecs ? 1 : 0); }
+  // fp8 scale table: per strip, per group, 2 halves, `lanes` copies of each scale.
+  int64_t gscale_floats_per_strip() const { return groups() * 2 * lanes; }
+  int64_t gscale_floats() const { return num_strips() * gscale_floats_per_strip(); }
   int strip_cols(int vecs) const { return vecs * lanes; }
   int64_t strip_bytes(int vecs) const { return k4 * kgroup * strip_cols(vecs) * bits / 8; }
   // Output rows covered by one full strip (per source).
@@ -70,5 +78,14 @@ void packed_column_source(const StripLayout& layout, int64_t c, int* source, int
 void pack_bf16_strips(const StripLayout& layout, const float* const* w, uint16_t* out, float* scale,
                       int32_t* comp);
 uint16_t f32_to_bf16(float f);
+
+// fp8 (e4m3) strips (bits 8, kgroup 1, g_steps = the scale group along K): `w[src]` is n x k
+// bytes row-major. Scales: `block[src]` [ceil(n/128), ceil(k/128)] (128x128 blocks, g_steps must
+// be 128) or, when block is null, `row[src]` [n] (one group over K). Writes the bytes, the
+// per-column scale (1 for blocks, the row scale otherwise), zero compensations and the group
+// scale table (scale * 2^120, see gemm.hpp). Throws if a strip half straddles two row blocks.
+void pack_fp8_strips(const StripLayout& layout, const uint8_t* const* w, const float* const* block,
+                     const float* const* row, uint8_t* out, float* scale, int32_t* comp,
+                     float* gscale);
 
 }  // namespace ktjit::formats

@@ -7,6 +7,10 @@
 //              y   = (a_scale[m] * w_scale[n]) * float(acc)   two fp32 roundings, in that order
 //   bf16:      acc = fma(a[m][k], float(w[n][k]), acc) for k = 0, 1, ... (fp32 activations)
 //              y   = acc                                  (a_scale, w_scale unused)
+//   fp8:       w'  = fp8_bits_value(w[n][k]) * gscale[strip][group(k)][half(n)]  (one rounding)
+//              acc = fma(a[m][k], w', acc) in k order;  y = (a_scale[m] * w_scale[n]) * acc
+//              fp8_bits_value(b) = e4m3 magnitude * 2^-120 with b's sign: the table holds
+//              scale * 2^120, which keeps subnormal codes exact
 // Epilogues: store y; siluup (gate columns then up columns of a strip):
 //   h = g / (1 + exp2poly(clamp(-g, -87, 88))) * u, exp2poly as in exp_ref() below;
 //   accum: out = fma(row_weight[m], y, out).
@@ -33,8 +37,14 @@ struct GemmArgs {
   int64_t out_col;          // first output column (floats) for the first strip
   const float* row_weight;  // per row routing weight (accum epilogue)
   int64_t m_blocks;         // prefill kernels: number of m_r-row blocks
+  // fp8 only: per strip, per k-group, per half (gate, up; equal for plain matrices) one scale
+  // repeated over a vector (so it is a full-width memory operand), strips back to back.
+  const float* w_gscale;
+  int64_t g_steps;      // K steps per group
+  int64_t g_per_strip;  // groups per strip
 };
 static_assert(offsetof(GemmArgs, m_blocks) == 88, "GemmArgs is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, g_per_strip) == 112, "GemmArgs is part of the kernel ABI");
 
 using GemmFn = void (*)(const GemmArgs*);
 
@@ -47,7 +57,18 @@ inline bool int8_activation_offset(IsaLevel isa) {
 // Strips are 4 vectors of columns wide; a tail strip may hold fewer vectors.
 constexpr int kStripVecs = 4;
 // Register-tile rows the prefill kernel uses at each level (limited by the register file).
-int gemm_max_rows(IsaLevel isa);
+int gemm_max_rows(IsaLevel isa, WeightFormat fmt = WeightFormat::int8);
+
+// The value an fp8 (e4m3) byte decodes to in the kernels before scaling: |e4m3| * 2^-120 with
+// the byte's sign, as an fp32 bit pattern (subnormal e4m3 codes become fp32 subnormals, exact).
+// 0x7f/0xff (e4m3fn NaN) decode like the largest finite magnitude pattern would: 480 * 2^-120.
+inline float fp8_bits_value(uint8_t b) {
+  const uint32_t bits = (uint32_t(b & 0x7f) << 20) | (uint32_t(b & 0x80) << 24);
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+constexpr float kFp8ScaleBias = 1.329227995784916e36f;  // 2^120
 
 // Output columns written per strip of `n_vec` vectors.
 inline int gemm_strip_out_cols(IsaLevel isa, int n_vec, Epilogue e) {

@@ -8,7 +8,9 @@
 
 namespace ktjit {
 
-int gemm_max_rows(IsaLevel isa) {
+int gemm_max_rows(IsaLevel isa, WeightFormat fmt) {
+  // fp8 decodes need two temporaries per vector: AVX2 16 registers hold 2 rows, not 3.
+  if (fmt == WeightFormat::fp8) return isa == IsaLevel::avx2 ? 2 : 6;
   return isa == IsaLevel::avx2 ? 3 : 6;
 }
 
@@ -55,6 +57,7 @@ int32_t packed_weight(const int8_t* strip, int64_t step, int cols, int n, int j,
 void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const bool int4 = key.format == WeightFormat::int4;
   const bool bf16 = key.format == WeightFormat::bf16;
+  const bool fp8 = key.format == WeightFormat::fp8;
   const int lanes = vec_lanes(key.isa);
   const int cols = key.n_vec * lanes;
   const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
@@ -82,7 +85,19 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           }
           y[n] = acc;
         }
-        for (int n = 0; n < cols && !bf16; ++n) {
+        for (int n = 0; n < cols && fp8; ++n) {
+          const float* af = reinterpret_cast<const float*>(a);
+          const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
+          const int half = key.epilogue == Epilogue::siluup && n >= cols / 2 ? 1 : 0;
+          const float* gs = args.w_gscale + s * args.g_per_strip * 2 * lanes;
+          float acc = 0.0f;
+          for (int64_t k = 0; k < args.k4; ++k) {
+            const float scale = gs[((k / args.g_steps) * 2 + half) * lanes];
+            acc = std::fma(af[k], fp8_bits_value(wb[k * cols + n]) * scale, acc);
+          }
+          y[n] = (args.a_scale[m] * wscale[n]) * acc;
+        }
+        for (int n = 0; n < cols && !bf16 && !fp8; ++n) {
           int32_t acc = 0;
           for (int64_t k4 = 0; k4 < args.k4; ++k4)
             for (int j = 0; j < 4; ++j)
@@ -105,7 +120,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
         }
       }
     }
-    w += args.k4 * cols * (bf16 ? 2 : int4 ? 2 : 4);
+    w += args.k4 * cols * (fp8 ? 1 : bf16 ? 2 : int4 ? 2 : 4);
   }
 }
 

@@ -12,7 +12,7 @@ std::vector<uint8_t> generate_code(const KernelKey& key) {
     case KernelKind::gemm_decode:
     case KernelKind::gemm_prefill:
       if (key.format == WeightFormat::int8 || key.format == WeightFormat::int4 ||
-          key.format == WeightFormat::bf16)
+          key.format == WeightFormat::bf16 || key.format == WeightFormat::fp8)
         return x64::generate_gemm(key);
       break;
     case KernelKind::peak_loop: return x64::generate_peak_loop(key);

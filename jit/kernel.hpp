@@ -30,6 +30,7 @@ enum class WeightFormat : uint8_t {
   int8 = 1,  // int8 per-row scale
   int4 = 2,  // signed nibbles per-row scale, seen by the kernel as 16 * q4
   bf16 = 3,  // bfloat16 weights, fp32 activations and accumulation
+  fp8 = 4,   // e4m3 weights with per-(strip half, k-group) scales, fp32 activations
 };
 
 enum class Epilogue : uint8_t {

@@ -27,6 +27,7 @@ const char* format_name(WeightFormat f) {
     case WeightFormat::int8: return "int8";
     case WeightFormat::int4: return "int4";
     case WeightFormat::bf16: return "bf16";
+    case WeightFormat::fp8: return "fp8";
   }
   return "?";
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "jit/cpu/cpu.hpp"
+#include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
 #include "python/py_moe_layer.hpp"
 #include "runtime/machine_limits.hpp"
@@ -83,6 +84,10 @@ PYBIND11_MODULE(_core, m) {
 
   // C++ exceptions become Python ones: invalid_argument -> ValueError, runtime_error ->
   // RuntimeError (pybind11's defaults).
+  m.def(
+      "fp8_decode",
+      [](int code) { return double(fp8_bits_value(uint8_t(code))) * double(kFp8ScaleBias); },
+      py::arg("code"), "The value the FP8 kernels give an e4m3 byte (before scaling).");
   m.def("built_methods", [] { return std::string(built_methods()); });
   m.def(
       "isa", [] { return std::string(isa_name(selected_isa())); },
@@ -128,6 +133,30 @@ PYBIND11_MODULE(_core, m) {
                                  b.push_back(s.layer->shard_range(i).second);
                                return b;
                              })
+      .def(
+          "load_experts_fp8",
+          [](PyMoELayer& self, const std::vector<int64_t>& slots,
+             const std::vector<uintptr_t>& gate, const std::vector<uintptr_t>& up,
+             const std::vector<uintptr_t>& down, const std::vector<uintptr_t>& gate_scale,
+             const std::vector<uintptr_t>& up_scale, const std::vector<uintptr_t>& down_scale) {
+            const size_t n = slots.size();
+            for (size_t len : {gate.size(), up.size(), down.size(), gate_scale.size(),
+                               up_scale.size(), down_scale.size()})
+              if (len != n)
+                throw std::invalid_argument(
+                    "load_experts_fp8: every pointer list must have len(slots) entries");
+            std::vector<MoELayer::Fp8ExpertSource> src;
+            for (size_t i = 0; i < n; ++i)
+              src.push_back({slots[i], ptr<const uint8_t>(gate[i]), ptr<const uint8_t>(up[i]),
+                             ptr<const uint8_t>(down[i]), ptr<const float>(gate_scale[i]),
+                             ptr<const float>(up_scale[i]), ptr<const float>(down_scale[i])});
+            py::gil_scoped_release release;
+            self.layer->load_experts_fp8(src, ThreadPool::global());
+          },
+          py::arg("slots"), py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("gate_scale"),
+          py::arg("up_scale"), py::arg("down_scale"),
+          "Packs e4m3 experts (gate/up [I, H], down [H, I] bytes) with FP8's 128x128 block scales "
+          "(fp32 [ceil(N/128), ceil(K/128)]) or FP8_PERCHANNEL's row scales (fp32 [N]).")
       .def(
           "load_experts_quantized",
           [](PyMoELayer& self, int shard, const std::vector<int64_t>& slots,

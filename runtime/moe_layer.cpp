@@ -145,6 +145,7 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     throw std::invalid_argument(
         "MoELayer: num_experts, top_k, hidden and intermediate must be > 0");
   format_ = method_format(method);
+  fp8_block_ = method == "FP8";
   if (int(isa) > int(selected_isa()))
     throw std::invalid_argument(std::string("MoELayer: isa ") + isa_name(isa) +
                                 " is above the selected level " + isa_name(selected_isa()));
@@ -162,8 +163,22 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     sh.i_end = b[s + 1];
     const int64_t is = sh.i_end - sh.i_begin;
     const int bits = format_bits(format_);
-    sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, bits);
-    sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, bits);
+    if (format_ == WeightFormat::fp8) {
+      // One K step per element; the scale group is the 128-wide block or the whole row.
+      if (fp8_block_ && sh.i_begin % 128 != 0)
+        throw std::invalid_argument(
+            "shard_bounds: FP8 block scales need shard starts at "
+            "multiples of 128, got " +
+            std::to_string(sh.i_begin));
+      sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, 8, 1,
+                                         fp8_block_ ? 128 : shape.hidden);
+      sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, 8, 1,
+                                           fp8_block_ ? 128 : is);
+      sh.expert_gscale = sh.gu.gscale_floats() + sh.down.gscale_floats();
+    } else {
+      sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, bits);
+      sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, bits);
+    }
     sh.expert_bytes = sh.gu.total_bytes() + sh.down.total_bytes();
     sh.expert_cols = sh.gu.total_cols() + sh.down.total_cols();
     shards_.push_back(std::move(sh));
@@ -177,19 +192,20 @@ WeightFormat method_format(const std::string& method) {
   if (method == "AMXINT8" || method == "MOE_INT8") return WeightFormat::int8;
   if (method == "AMXINT4" || method == "MOE_INT4") return WeightFormat::int4;
   if (method == "BF16") return WeightFormat::bf16;
+  if (method == "FP8" || method == "FP8_PERCHANNEL") return WeightFormat::fp8;
   throw std::invalid_argument("method '" + method +
                               "' is not built; built methods: " + built_methods());
 }
 
 const char* built_methods() {
-  return "AMXINT8, MOE_INT8, AMXINT4, MOE_INT4, BF16";
+  return "AMXINT8, MOE_INT8, AMXINT4, MOE_INT4, BF16, FP8, FP8_PERCHANNEL";
 }
 
 GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs) {
   GemmKernelSet ks;
   ks.isa = isa;
   ks.epilogue = epi;
-  ks.max_rows = gemm_max_rows(isa);
+  ks.max_rows = gemm_max_rows(isa, fmt);
   auto key = [&](KernelKind kind, int m_r, int nv) {
     KernelKey k;
     k.kind = kind;
@@ -291,6 +307,10 @@ void MoELayer::load_from_float(const void* gate, const void* up, const void* dow
 void MoELayer::load_experts(const std::vector<ExpertSource>& experts, SourceDType dt,
                             ThreadPool& pool) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (format_ == WeightFormat::fp8)
+    throw std::invalid_argument("method " + method_ +
+                                " loads e4m3 checkpoints (load_experts_fp8 / load_weights), not "
+                                "float tensors");
   const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
   for (const ExpertSource& x : experts)
     if (x.slot < 0 || x.slot >= E)
@@ -359,6 +379,7 @@ void MoELayer::ensure_allocated() {
     sh.weights = AlignedBuffer(size_t(E * sh.expert_bytes));
     sh.scales = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
     sh.comps = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
+    if (sh.expert_gscale) sh.gscales = AlignedBuffer(size_t(E * sh.expert_gscale) * 4);
   }
   slot_loaded_.assign(size_t(E) * shards_.size(), 0);
 }
@@ -405,11 +426,68 @@ void MoELayer::load_experts_quantized(int shard, const std::vector<QuantExpertSo
   for (const QuantExpertSource& x : experts) mark_loaded(shard, x.slot);
 }
 
+void MoELayer::load_experts_fp8(const std::vector<Fp8ExpertSource>& experts, ThreadPool& pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (format_ != WeightFormat::fp8)
+    throw std::invalid_argument("load_experts_fp8: method " + method_ + " is not an FP8 method");
+  const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
+  for (const Fp8ExpertSource& x : experts)
+    if (x.slot < 0 || x.slot >= E)
+      throw std::invalid_argument("expert slot: expected a value in [0, " + std::to_string(E) +
+                                  "), got " + std::to_string(x.slot));
+  ensure_allocated();
+  const int64_t hb = (H + 127) / 128, ib = (I + 127) / 128;
+  const int64_t n = int64_t(experts.size());
+  pool.run([&](int tid, int nt) {
+    int64_t j0, j1;
+    split_range(n, tid, nt, &j0, &j1);
+    for (Shard& sh : shards_) {
+      const int64_t i0 = sh.i_begin, is = sh.i_end - sh.i_begin, isb = (is + 127) / 128;
+      std::vector<uint8_t> down(size_t(H * is));  // the shard's column slice of down
+      std::vector<float> down_bs(size_t(hb * isb));
+      for (int64_t j = j0; j < j1; ++j) {
+        const Fp8ExpertSource& x = experts[size_t(j)];
+        for (int64_t h = 0; h < H; ++h)
+          std::memcpy(down.data() + h * is, x.down + h * I + i0, size_t(is));
+        const float *gate_s = x.gate_scale, *up_s = x.up_scale, *down_s = x.down_scale;
+        if (fp8_block_) {  // block rows of gate/up start at i0/128; down keeps its column blocks
+          gate_s += (i0 / 128) * hb;
+          up_s += (i0 / 128) * hb;
+          for (int64_t r = 0; r < hb; ++r)
+            for (int64_t c = 0; c < isb; ++c)
+              down_bs[size_t(r * isb + c)] = down_s[r * ib + i0 / 128 + c];
+          down_s = down_bs.data();
+        } else {
+          gate_s += i0;
+          up_s += i0;
+        }
+        int8_t* wb = sh.weights.as<int8_t>() + x.slot * sh.expert_bytes;
+        float* sb = sh.scales.as<float>() + x.slot * sh.expert_cols;
+        int32_t* cb = sh.comps.as<int32_t>() + x.slot * sh.expert_cols;
+        float* gb = sh.gscales.as<float>() + x.slot * sh.expert_gscale;
+        const uint8_t* gu_w[2] = {x.gate + i0 * H, x.up + i0 * H};
+        const float* gu_s[2] = {gate_s, up_s};
+        formats::pack_fp8_strips(sh.gu, gu_w, fp8_block_ ? gu_s : nullptr,
+                                 fp8_block_ ? nullptr : gu_s, reinterpret_cast<uint8_t*>(wb), sb,
+                                 cb, gb);
+        const uint8_t* d_w[1] = {down.data()};
+        const float* d_s[1] = {down_s};
+        formats::pack_fp8_strips(
+            sh.down, d_w, fp8_block_ ? d_s : nullptr, fp8_block_ ? nullptr : d_s,
+            reinterpret_cast<uint8_t*>(wb + sh.gu.total_bytes()), sb + sh.gu.total_cols(),
+            cb + sh.gu.total_cols(), gb + sh.gu.gscale_floats());
+      }
+    }
+  });
+  for (const Fp8ExpertSource& x : experts)
+    for (int si = 0; si < num_shards(); ++si) mark_loaded(si, x.slot);
+}
+
 void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout, bool reference,
                         const int8_t* w, const float* scale, const int32_t* comp,
                         int64_t strip_begin, int64_t strip_end, const int8_t* a, int64_t lda,
                         const float* a_scale, int64_t rows, float* const* out_rows,
-                        int64_t out_col0, const float* row_weight) const {
+                        int64_t out_col0, const float* row_weight, const float* gscale) const {
   const int full_cols = layout.strip_cols(layout.strip_vecs);
   const int out_full = gemm_strip_out_cols(isa_, layout.strip_vecs, ks.epilogue);
   auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
@@ -427,6 +505,9 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     args.out_col = out_col0 + s0 * out_full;
     args.row_weight = row_weight ? row_weight + row0 : nullptr;
     args.m_blocks = m_blocks;
+    args.w_gscale = gscale ? gscale + s0 * layout.gscale_floats_per_strip() : nullptr;
+    args.g_steps = layout.g_steps;
+    args.g_per_strip = layout.groups();
     if (reference || !k)
       gemm_ref(key, args);
     else
@@ -502,7 +583,7 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
   s.T = T;
   s.rows = rows;
   // Activations: int8 rows for the integer formats, fp32 rows for bf16 weights.
-  const bool float_act = format_ == WeightFormat::bf16;
+  const bool float_act = format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8;
   const int64_t act_bytes = float_act ? 4 : 1;
   s.lda_x = unaliased_stride(H * act_bytes);
   s.p_stride = unaliased_stride(H * 4) / 4;
@@ -574,7 +655,7 @@ void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, Thread
   const int64_t is = sh.i_end - sh.i_begin;
   const int64_t rows = s.rows;
   const bool flip = int8_activation_offset(isa_);
-  const bool float_act = format_ == WeightFormat::bf16;
+  const bool float_act = format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8;
   s.h_stride = unaliased_stride(std::max<int64_t>(is, 1) * 4) / 4;
   s.lda_h = unaliased_stride(std::max<int64_t>(is, 1));
   s.h.resize(size_t(rows * s.h_stride));
@@ -615,7 +696,8 @@ void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, Thread
       run_gemm(sh.gu_kernels, sh.gu, reference, sh.weights.as<int8_t>() + p * sh.expert_bytes,
                sh.scales.as<float>() + p * sh.expert_cols,
                sh.comps.as<int32_t>() + p * sh.expert_cols, st0, st1, s.aq.data() + row0 * s.lda_x,
-               s.lda_x, s.as.data() + row0, m, s.h_rows.data() + row0, 0, nullptr);
+               s.lda_x, s.as.data() + row0, m, s.h_rows.data() + row0, 0, nullptr,
+               sh.expert_gscale ? sh.gscales.as<float>() + p * sh.expert_gscale : nullptr);
       u += st1 - st0;
     }
   });
@@ -648,7 +730,10 @@ void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, Thread
                sh.scales.as<float>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(),
                sh.comps.as<int32_t>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(), st0, st1,
                down_a + row0 * down_lda, down_lda, s.hs.data() + row0, m, s.out_rows.data() + row0,
-               0, s.row_weight.data() + row0);
+               0, s.row_weight.data() + row0,
+               sh.expert_gscale
+                   ? sh.gscales.as<float>() + int64_t(e) * sh.expert_gscale + sh.gu.gscale_floats()
+                   : nullptr);
     }
   });
 }

@@ -78,6 +78,8 @@ struct Shard {
   AlignedBuffer scales;   // per expert: gu cols then down cols (float)
   AlignedBuffer comps;    // per expert: gu cols then down cols (int32)
   int64_t expert_bytes = 0, expert_cols = 0;
+  AlignedBuffer gscales;      // fp8: per expert, gu then down group-scale tables
+  int64_t expert_gscale = 0;  // floats per expert in gscales
   GemmKernelSet gu_kernels, down_kernels;
 };
 
@@ -116,6 +118,14 @@ class MoELayer {
   };
   void load_experts_quantized(int shard, const std::vector<QuantExpertSource>& experts,
                               ThreadPool& pool);
+  // fp8 experts (FP8: 128x128 block scales [ceil(N/128), ceil(K/128)] per matrix;
+  // FP8_PERCHANNEL: row scales [N]): e4m3 bytes gate/up [I, H], down [H, I], row-major.
+  struct Fp8ExpertSource {
+    int64_t slot;
+    const uint8_t *gate, *up, *down;
+    const float *gate_scale, *up_scale, *down_scale;
+  };
+  void load_experts_fp8(const std::vector<Fp8ExpertSource>& experts, ThreadPool& pool);
   int num_shards() const { return int(shards_.size()); }
   std::pair<int64_t, int64_t> shard_range(int s) const {
     return {shards_[size_t(s)].i_begin, shards_[size_t(s)].i_end};
@@ -137,12 +147,14 @@ class MoELayer {
   void run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout, bool reference,
                 const int8_t* w, const float* scale, const int32_t* comp, int64_t strip_begin,
                 int64_t strip_end, const int8_t* a, int64_t lda, const float* a_scale, int64_t rows,
-                float* const* out_rows, int64_t out_col0, const float* row_weight) const;
+                float* const* out_rows, int64_t out_col0, const float* row_weight,
+                const float* gscale) const;
   void forward_shard(const Shard& sh, Scratch& s, bool reference, ThreadPool& pool);
 
   MoEShape shape_;
   std::string method_;
   WeightFormat format_;
+  bool fp8_block_ = false;  // FP8 (128x128 blocks) vs FP8_PERCHANNEL (row scales)
   IsaLevel isa_;
   int lanes_;
   std::vector<Shard> shards_;

@@ -29,14 +29,15 @@ class GemmGenerator : public JitGenerator {
         vnni_(int(key.isa) >= int(IsaLevel::avx512_vnni)),
         int4_(key.format == WeightFormat::int4),
         bf16_(key.format == WeightFormat::bf16),
+        fp8_(key.format == WeightFormat::fp8),
         prefill_(key.kind == KernelKind::gemm_prefill) {
     if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
-        key.format != WeightFormat::bf16)
-      throw std::invalid_argument("gemm: weight format must be int8, int4 or bf16");
+        key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8)
+      throw std::invalid_argument("gemm: weight format must be int8, int4, bf16 or fp8");
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
       throw std::invalid_argument("gemm: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));
-    if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > gemm_max_rows(key.isa))
+    if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > gemm_max_rows(key.isa, key.format))
       throw std::invalid_argument("gemm: tile out of range: " + key.describe());
     if (key.epilogue == Epilogue::siluup && nv_ % 2)
       throw std::invalid_argument("gemm: siluup needs an even number of vectors");
@@ -77,8 +78,15 @@ class GemmGenerator : public JitGenerator {
   // Weight bytes per K step: 4-bit strips hold two steps per strip_k4_bytes() block.
   // bf16 strips hold one K element per step, 2 bytes per column.
   int step_bytes() const {
-    return bf16_ ? strip_cols() * 2 : int4_ ? strip_k4_bytes() / 2 : strip_k4_bytes();
+    return fp8_    ? strip_cols()
+           : bf16_ ? strip_cols() * 2
+           : int4_ ? strip_k4_bytes() / 2
+                   : strip_k4_bytes();
   }
+  // fp8: the group scale table walks with rax through the K loop; rdx counts a group's steps.
+  const Reg64 reg_gs = rax;
+  const Reg64 reg_gk = rdx;
+  int gs_strip_bytes_per_group() const { return 2 * vec_bytes(); }
   // bf16: one broadcast activation per row of the tile, above the accumulators.
   Xmm row_bcast(int m) const { return vreg(zmm_isa() ? 24 + m : 12 + m); }
   Xmm bf16_tmp(int v) const { return vreg(zmm_isa() ? 30 + (v & 1) : 15); }
@@ -147,6 +155,11 @@ class GemmGenerator : public JitGenerator {
       add(reg_wscale, strip_cols() * 4);
       add(reg_comp, strip_cols() * 4);
       add(reg_col, out_cols() * 4);
+      if (fp8_) {
+        mov(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));
+        imul(reg_tmp, reg_tmp, gs_strip_bytes_per_group());
+        add(qword[rsp + 8], reg_tmp);
+      }
       dec(qword[rsp]);
       jnz(strip_loop, T_NEAR);
     }
@@ -162,7 +175,11 @@ class GemmGenerator : public JitGenerator {
     mov(reg_comp, arg(offsetof(GemmArgs, w_comp)));
     mov(reg_col, arg(offsetof(GemmArgs, out_col)));
     shl(reg_col, 2);
-    if (!vnni_ && !bf16_) vmovups(ones16(), cpool(c_ones16_));
+    if (!vnni_ && !bf16_ && !fp8_) vmovups(ones16(), cpool(c_ones16_));
+    if (fp8_) {
+      mov(reg_tmp, arg(offsetof(GemmArgs, w_gscale)));
+      mov(qword[rsp + 8], reg_tmp);  // this strip's scale table
+    }
   }
 
   // One register tile: rows [reg_row, reg_row + mr) x the current strip, over all of K.
@@ -192,7 +209,46 @@ class GemmGenerator : public JitGenerator {
   // K steps unrolled by kUnroll (addresses by displacement), then the remaining steps one by one.
   static constexpr int kUnroll = 4;
   static constexpr int kPrefetchBlocks = 8;
+  // fp8: K steps in groups that share one scale per strip half; within a group as k_loop.
+  void k_loop_fp8(bool prefetch_next) {
+    Label group, inner, tail, gdone, done;
+    mov(reg_k, arg(offsetof(GemmArgs, k4)));
+    mov(reg_gs, qword[rsp + 8]);
+    test(reg_k, reg_k);
+    jle(done, T_NEAR);
+    L(group);
+    {
+      mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
+      cmp(reg_gk, reg_k);
+      cmovg(reg_gk, reg_k);  // the last group may be short
+      sub(reg_k, reg_gk);
+      L(inner);
+      cmp(reg_gk, kUnroll);
+      jl(tail, T_NEAR);
+      for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
+      advance(kUnroll, prefetch_next);
+      sub(reg_gk, kUnroll);
+      jmp(inner, T_NEAR);
+      L(tail);
+      test(reg_gk, reg_gk);
+      jz(gdone, T_NEAR);
+      microkernel(0, prefetch_next);
+      advance(1, prefetch_next);
+      dec(reg_gk);
+      jmp(tail, T_NEAR);
+      L(gdone);
+      add(reg_gs, gs_strip_bytes_per_group());
+      test(reg_k, reg_k);
+      jnz(group, T_NEAR);
+    }
+    L(done);
+  }
+
   void k_loop(bool prefetch_next) {
+    if (fp8_) {
+      k_loop_fp8(prefetch_next);
+      return;
+    }
     Label loop, tail, tail_loop, done;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
     cmp(reg_k, kUnroll);
@@ -234,6 +290,10 @@ class GemmGenerator : public JitGenerator {
       microkernel_bf16(u);
       return;
     }
+    if (fp8_) {
+      microkernel_fp8(u);
+      return;
+    }
     const bool preload = vnni_ && (mr_ > 1 || int4_);
     if (preload)
       for (int v = 0; v < nv_; ++v) load_weights(wreg(v), v, u);
@@ -262,6 +322,28 @@ class GemmGenerator : public JitGenerator {
       vpmovzxwd(t, zmm_isa() ? Address(yword[wm]) : Address(xword[wm]));
       vpslld(t, t, 16);
       for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), t, row_bcast(m));
+    }
+  }
+
+  // fp8: sign-extend the byte, move its 7 magnitude bits to fp32 bits 26..20 (e4m3 * 2^-120,
+  // subnormals included), take the sign from bit 31, multiply by scale * 2^120, FMA per row.
+  void microkernel_fp8(int u) {
+    for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 4 * u]);
+    const Xmm t = vreg(num_vregs() - 2), w = vreg(num_vregs() - 1);
+    const int half_vecs = key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_;
+    for (int v = 0; v < nv_; ++v) {
+      const RegExp wm = reg_w + u * step_bytes() + v * lanes_;
+      vpmovsxbd(t, zmm_isa() ? Address(xword[wm]) : Address(qword[wm]));
+      vpslld(w, t, 25);
+      vpsrld(w, w, 5);
+      if (zmm_isa()) {
+        vpternlogd(w, t, ptr_b[rip + c_sign_], 0xd8);  // sign bit from t, the rest from w
+      } else {
+        vpand(t, t, cpool(c_sign_));
+        vpor(w, w, t);
+      }
+      vmulps(w, w, vmem(reg_gs + (v < half_vecs ? 0 : vec_bytes())));
+      for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), w, row_bcast(m));
     }
   }
 
@@ -342,6 +424,11 @@ class GemmGenerator : public JitGenerator {
     for (int m = 0; m < mr_ && !bf16_; ++m) {  // bf16: the fp32 accumulators are the result
       vbroadcastss(s, dword[reg_tmp + m * 4]);
       for (int v = 0; v < nv_; ++v) {
+        if (fp8_) {  // fp32 accumulators, scaled like the integer formats
+          vmulps(t, s, vmem(reg_wscale + v * vec_bytes()));
+          vmulps(acc(m, v), t, acc(m, v));
+          continue;
+        }
         if (vnni_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + v * vec_bytes()));
         vcvtdq2ps(acc(m, v), acc(m, v));
         vmulps(t, s, vmem(reg_wscale + v * vec_bytes()));
@@ -435,7 +522,7 @@ class GemmGenerator : public JitGenerator {
 
   const KernelKey key_;
   const int lanes_, nv_, mr_;
-  const bool vnni_, int4_, bf16_, prefill_;
+  const bool vnni_, int4_, bf16_, fp8_, prefill_;
   Label c_ones16_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
 };
 

@@ -124,7 +124,21 @@ def _self_test(isa: str, method: str = "AMXINT8") -> str:
     up = torch.randn(E, I, H, generator=g) * 0.05
     down = torch.randn(E, H, I, generator=g) * 0.05
     layer = _core.MoELayer(E, K, H, I, method, isa)
-    layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), "f32", 0)
+    if method.startswith("FP8"):  # e4m3 weights with block (FP8) or row (FP8_PERCHANNEL) scales
+        mats = [t.clamp(-448, 448).to(torch.float8_e4m3fn) for t in (gate * 20, up * 20, down * 20)]
+        block = method == "FP8"
+        scales = [
+            (
+                torch.full((E, (m.shape[1] + 127) // 128, (m.shape[2] + 127) // 128), 0.05)
+                if block
+                else torch.rand(E, m.shape[1], generator=g) * 0.05 + 0.01
+            )
+            for m in mats
+        ]
+        slots = list(range(E))
+        layer.load_experts_fp8(slots, *[[t[e].data_ptr() for e in slots] for t in mats + scales])
+    else:
+        layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), "f32", 0)
     for T in (5, 60):
         x = torch.randn(T, H, generator=g)
         ids = torch.randint(0, E, (T, K), generator=g, dtype=torch.int64)

@@ -318,6 +318,20 @@ class KTMoEWrapper:
                 )
             self.moe = layer
             return
+        if self.method in ("FP8", "FP8_PERCHANNEL"):
+            from .loaders import hf
+
+            E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
+            pmap = self._check_map(physical_to_logical_map_cpu)
+            if not self.weight_path or not os.path.exists(self.weight_path):
+                raise FileNotFoundError(f"weight_path: {self.weight_path!r} does not exist")
+            hf.check_model_shape(self.weight_path, E, self.num_experts_per_tok, H, I)
+            layer = _core.MoELayer(E, self.num_experts_per_tok, H, I, self.method)
+            self.load_stats = hf.load_fp8_layer(
+                layer, self.weight_path, self.layer_idx, E, H, I, pmap, block=self.method == "FP8"
+            )
+            self.moe = layer
+            return
         if self.method != "BF16":
             raise NotImplementedError(
                 f"load_weights: loading method {self.method!r} from weight_path "
@@ -382,6 +396,11 @@ class KTMoEWrapper:
         physical_to_logical_map_cpu: Optional[torch.Tensor] = None,
     ):
         """Quantize bf16/fp16/fp32 CPU weights online: gate/up [E, I, H], down [E, H, I]."""
+        if self.method in ("FP8", "FP8_PERCHANNEL"):
+            raise NotImplementedError(
+                f"load_weights_from_tensors: method {self.method!r} loads e4m3 checkpoints with "
+                "load_weights(); there is no online FP8 quantization"
+            )
         E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
         gate = self._check_weight("gate_proj", gate_proj, (E, I, H))
         up = self._check_weight("up_proj", up_proj, (E, I, H))

@@ -35,21 +35,50 @@ struct Packed {
   std::vector<int32_t> comp;
   std::vector<std::vector<int8_t>> q;  // per source, N x K (integer formats)
   std::vector<std::vector<float>> d;
-  std::vector<std::vector<float>> wf;  // per source, N x K (bf16: the values before rounding)
+  std::vector<std::vector<float>> wf;    // per source, N x K (bf16: the values before rounding)
+  std::vector<std::vector<uint8_t>> w8;  // per source, N x K e4m3 bytes (fp8)
+  std::vector<std::vector<float>> bs;    // per source, fp8 block or row scales
+  std::vector<float> gscale;             // fp8 group scale table
+  bool fp8_block = false;
 };
+
+// e4m3fn decoded from its definition (independent of the kernels' bit trick); NaN codes -> 480.
+double e4m3_value(uint8_t b) {
+  const int sign = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return sign ? -mag : mag;
+}
 
 Packed make_weights(const Problem& p) {
   Packed pk;
   const int sources = p.epi == Epilogue::siluup ? 2 : 1;
   const bool int4 = p.fmt == WeightFormat::int4;
   const bool bf16 = p.fmt == WeightFormat::bf16;
-  pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources,
-                                         bf16   ? 16
-                                         : int4 ? 4
-                                                : 8);
+  const bool fp8 = p.fmt == WeightFormat::fp8;
+  pk.fp8_block = fp8 && p.seed % 2 == 0;  // alternate 128x128 block scales and row scales
+  const int bits = bf16 ? 16 : int4 ? 4 : 8;
+  pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources, bits,
+                                         fp8 ? 1 : 0, fp8 ? (pk.fp8_block ? 128 : p.K) : 0);
   pk.w.resize(size_t(pk.layout.total_bytes()));
   pk.scale.resize(size_t(pk.layout.total_cols()));
   pk.comp.resize(size_t(pk.layout.total_cols()));
+  if (fp8) {
+    std::mt19937 rng(p.seed);
+    const int64_t nb = (p.N + 127) / 128, kb = (p.K + 127) / 128;
+    for (int s = 0; s < sources; ++s) {
+      pk.w8.emplace_back(size_t(p.N * p.K));
+      for (auto& b : pk.w8.back()) b = uint8_t(rng() & 0xff);  // every code, NaN codes included
+      pk.bs.push_back(test::random_floats(size_t(pk.fp8_block ? nb * kb : p.N), p.seed + 7 + s));
+      for (auto& v : pk.bs.back()) v = std::fabs(v) * 0.01f + 1e-4f;
+    }
+    pk.gscale.resize(size_t(std::max<int64_t>(pk.layout.gscale_floats(), 1)));
+    const uint8_t* ws[2] = {pk.w8[0].data(), pk.w8.back().data()};
+    const float* ss[2] = {pk.bs[0].data(), pk.bs.back().data()};
+    formats::pack_fp8_strips(pk.layout, ws, pk.fp8_block ? ss : nullptr,
+                             pk.fp8_block ? nullptr : ss, reinterpret_cast<uint8_t*>(pk.w.data()),
+                             pk.scale.data(), pk.comp.data(), pk.gscale.data());
+    return pk;
+  }
   if (bf16) {
     for (int s = 0; s < sources; ++s)
       pk.wf.push_back(test::random_floats(size_t(p.N * p.K), p.seed + 10 * uint32_t(s), 0.1f));
@@ -91,7 +120,7 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
              const std::vector<float>& as, std::vector<float*>& out_rows,
              const std::vector<float>& rw, bool use_ref, std::vector<std::string>* names) {
   const auto& l = pk.layout;
-  const int max_rows = gemm_max_rows(p.isa);
+  const int max_rows = gemm_max_rows(p.isa, p.fmt);
   const int full_cols = l.strip_cols(l.strip_vecs);
   const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, p.epi);
   auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
@@ -110,6 +139,10 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     args.out_col = s0 * out_full;
     args.row_weight = rw.data() + row0;
     args.m_blocks = blocks;
+    args.w_gscale =
+        pk.gscale.empty() ? nullptr : pk.gscale.data() + s0 * l.gscale_floats_per_strip();
+    args.g_steps = l.g_steps;
+    args.g_per_strip = l.groups();
     if (use_ref) {
       gemm_ref(key, args);
     } else {
@@ -150,8 +183,8 @@ Outputs make_outputs(int64_t M, int64_t stride, uint32_t seed) {
 
 void check_problem(const Problem& p, std::vector<std::string>* names) {
   Packed pk = make_weights(p);
-  const bool bf16 = p.fmt == WeightFormat::bf16;
-  // Activations: int8 rows, or fp32 rows (bf16 weights), with a stride off the row length.
+  const bool bf16 = p.fmt == WeightFormat::bf16 || p.fmt == WeightFormat::fp8;  // fp32 rows
+  // Activations: int8 rows, or fp32 rows (bf16 and fp8 weights), with a stride off the row length.
   const int64_t lda = (pk.layout.padded_k() + 8) * (bf16 ? 4 : 1);
   std::mt19937 rng(p.seed + 1);
   std::uniform_int_distribution<int> qd(-127, 127);
@@ -178,7 +211,27 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
   // The reference itself against direct math on the unpacked operands: exact int64 for the
   // integer formats; for bf16, float64 over the bf16-rounded weights within fp32 accumulation
   // error.
-  if (p.epi == Epilogue::store && bf16) {
+  if (p.epi == Epilogue::store && p.fmt == WeightFormat::fp8) {
+    const int64_t kb = (p.K + 127) / 128;
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t n = 0; n < p.N; ++n) {
+        double acc = 0, mag = 0;
+        for (int64_t k = 0; k < p.K; ++k) {
+          const double sc = pk.fp8_block ? pk.bs[0][size_t((n / 128) * kb + k / 128)] : 1.0;
+          const double t =
+              double(af[size_t(m * p.K + k)]) * e4m3_value(pk.w8[0][size_t(n * p.K + k)]) * sc;
+          acc += t;
+          mag += std::fabs(t);
+        }
+        // y = (a_scale * w_scale) * acc; w_scale is the row scale, or 1 with block scales
+        const double post = double(as[size_t(m)]) * (pk.fp8_block ? 1.0 : pk.bs[0][size_t(n)]);
+        acc *= post;
+        const double want_mag = mag * post;
+        ASSERT_NEAR(acc, ref.rows[size_t(m)][n], 2e-6 * want_mag * double(p.K) + 1e-30)
+            << p.repro() << " m=" << m << " n=" << n;
+      }
+  }
+  if (p.epi == Epilogue::store && p.fmt == WeightFormat::bf16) {
     for (int64_t m = 0; m < p.M; ++m)
       for (int64_t n = 0; n < p.N; ++n) {
         double acc = 0, mag = 0;
@@ -193,7 +246,7 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
             << p.repro() << " m=" << m << " n=" << n;
       }
   }
-  if (p.epi == Epilogue::store && !bf16) {
+  if (p.epi == Epilogue::store && !bf16) {  // integer formats
     for (int64_t m = 0; m < p.M; ++m)
       for (int64_t n = 0; n < p.N; ++n) {
         int64_t acc = 0;
@@ -214,7 +267,8 @@ TEST(Gemm, SweepMatchesReferenceBitwise) {
   size_t checked = 0;
   for (IsaLevel isa : test::runnable_levels()) {
     std::vector<std::string> names;
-    for (WeightFormat fmt : {WeightFormat::int8, WeightFormat::int4, WeightFormat::bf16})
+    for (WeightFormat fmt :
+         {WeightFormat::int8, WeightFormat::int4, WeightFormat::bf16, WeightFormat::fp8})
       for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
         for (int64_t M : Ms)
           for (int64_t N : Ns)
@@ -226,7 +280,7 @@ TEST(Gemm, SweepMatchesReferenceBitwise) {
     // Every kernel shape the sweep used was generated at this level.
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
-    EXPECT_GE(names.size(), 60u) << isa_name(isa);
+    EXPECT_GE(names.size(), 80u) << isa_name(isa);
   }
   EXPECT_GT(checked, 0u);
 }

@@ -1,5 +1,3 @@
-#include "runtime/task_queue.hpp"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,6 +6,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "runtime/task_queue.hpp"
 
 using namespace ktjit;
 using namespace std::chrono_literals;

@@ -96,7 +96,7 @@ def test_unknown_mode_lists_valid_ones():
     assert "mode" in str(ei.value) and "inference" in str(ei.value)
 
 
-@pytest.mark.parametrize("method", ["FP8", "GPTQ_INT4", "LLAMAFILE", "RAWINT4", "MXFP4"])
+@pytest.mark.parametrize("method", ["MXFP8", "GPTQ_INT4", "LLAMAFILE", "RAWINT4", "MXFP4"])
 def test_known_unbuilt_method(method):
     with pytest.raises(NotImplementedError) as ei:
         make_wrapper(E, K, H, I, method=method)

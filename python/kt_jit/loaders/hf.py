@@ -47,10 +47,18 @@ _LAYER_BASES = (
 )
 #: Per-expert families: (name, gate, up, down) suffixes after the layer base.
 _EXPERT_FAMILIES = (
-    ("deepseek", "mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
-     "mlp.experts.{e}.down_proj.weight"),
-    ("mixtral", "block_sparse_moe.experts.{e}.w1.weight", "block_sparse_moe.experts.{e}.w3.weight",
-     "block_sparse_moe.experts.{e}.w2.weight"),
+    (
+        "deepseek",
+        "mlp.experts.{e}.gate_proj.weight",
+        "mlp.experts.{e}.up_proj.weight",
+        "mlp.experts.{e}.down_proj.weight",
+    ),
+    (
+        "mixtral",
+        "block_sparse_moe.experts.{e}.w1.weight",
+        "block_sparse_moe.experts.{e}.w3.weight",
+        "block_sparse_moe.experts.{e}.w2.weight",
+    ),
     ("mistral", "experts.{e}.w1.weight", "experts.{e}.w3.weight", "experts.{e}.w2.weight"),
 )
 #: Fused family: gate_up [E, 2I, H] (first I rows of each expert = gate), down [E, H, I].
@@ -108,7 +116,10 @@ def read_model_shape(weight_path: str) -> dict[str, tuple[str, int]] | None:
 
 
 def check_model_shape(
-    weight_path: str, num_experts: int, num_experts_per_tok: int, hidden_size: int,
+    weight_path: str,
+    num_experts: int,
+    num_experts_per_tok: int,
+    hidden_size: int,
     moe_intermediate_size: int,
 ) -> None:
     """ValueError naming the config.json key when the wrapper's shape disagrees with it."""
@@ -288,7 +299,8 @@ def _detect_layout(index: SafetensorsIndex, layer_idx: int, num_experts: int) ->
                 best, best_hits = lay, hits
     if best is None:
         tried = [
-            f"{b.format(L=layer_idx)}.{fam[1].format(e=0)}" for b in _LAYER_BASES
+            f"{b.format(L=layer_idx)}.{fam[1].format(e=0)}"
+            for b in _LAYER_BASES
             for fam in _EXPERT_FAMILIES
         ] + [f"{b.format(L=layer_idx)}.{_FUSED_FAMILIES[0][0]}" for b in _LAYER_BASES]
         raise index.missing(
@@ -351,9 +363,7 @@ def load_bf16_layer(
             dtypes = {}
             for e in sorted(set(logical)):
                 keys = lay.expert_keys(e)
-                for k, what, shape in zip(
-                    keys, ("gate", "up", "down"), ((I, H), (I, H), (H, I))
-                ):
+                for k, what, shape in zip(keys, ("gate", "up", "down"), ((I, H), (I, H), (H, I))):
                     if k not in index:
                         sib = next((s for s in keys if s in index.entries), None)
                         hint = (
@@ -424,6 +434,116 @@ def load_bf16_layer(
     gbs = nbytes / secs / 1e9 if secs > 0 else 0.0
     logger.info(
         "layer %d: loaded %d experts from %s (%s, %s layout): %.1f MB in %.2f s, %.2f GB/s",
-        layer_idx, E, weight_path, lay.base, lay.family, nbytes / 1e6, secs, gbs,
+        layer_idx,
+        E,
+        weight_path,
+        lay.base,
+        lay.family,
+        nbytes / 1e6,
+        secs,
+        gbs,
+    )
+    return {"bytes": nbytes, "seconds": secs, "gb_per_s": gbs, "layout": f"{lay.base}:{lay.family}"}
+
+
+# ------------------------------------------------------------------------------------------------
+# FP8 loader (DeepSeek-V3 style: e4m3 weights with 128x128 block scales, or per-channel scales)
+
+
+def _check_tensor(index: SafetensorsIndex, key: str, shape, dtypes, what: str) -> str:
+    """Check key's dtype (one of ``dtypes``) and shape; returns the dtype string."""
+    path, got_shape, got_dtype = index.info(key)
+    if got_dtype not in dtypes:
+        raise ValueError(
+            f"{path}: tensor {key!r} ({what}): expected dtype {' or '.join(dtypes)}, got {got_dtype}"
+        )
+    if tuple(got_shape) not in [tuple(s) for s in shape]:
+        raise ValueError(
+            f"{path}: tensor {key!r} ({what}): expected shape "
+            f"{' or '.join(_shape_str(s) for s in shape)}, got {_shape_str(got_shape)}"
+        )
+    return got_dtype
+
+
+def load_fp8_layer(
+    layer,
+    weight_path: str,
+    layer_idx: int,
+    num_experts: int,
+    hidden: int,
+    intermediate: int,
+    pmap: torch.Tensor | None = None,
+    block: bool = True,
+    batch: int = 16,
+) -> dict:
+    """Load layer ``layer_idx``'s FP8 experts into ``layer`` (a native MoELayer for method FP8 when
+    ``block`` else FP8_PERCHANNEL): per-expert ``.weight`` (F8_E4M3) with ``.weight_scale_inv``
+    ([ceil(N/128), ceil(K/128)] fp32, 128x128 blocks) or ``.weight_scale`` ([N] or [N, 1])."""
+    E, H, I = int(num_experts), int(hidden), int(intermediate)
+    t0 = time.perf_counter()
+    index = SafetensorsIndex(weight_path)
+    try:
+        lay = _detect_layout(index, layer_idx, E)
+        if lay.fused is not None:
+            raise ValueError(
+                f"{weight_path}: layer {layer_idx} stores fused expert tensors "
+                f"({lay.fused[0]!r}); FP8 checkpoints are read from per-expert keys"
+            )
+        logical = list(range(E)) if pmap is None else [int(v) for v in pmap.tolist()]
+        suffix = "_scale_inv" if block else "_scale"
+        shapes = ((I, H), (I, H), (H, I))
+        for e in sorted(set(logical)):
+            for k, what, (n, kk) in zip(lay.expert_keys(e), ("gate", "up", "down"), shapes):
+                where = f"layer {layer_idx}, expert {e} {what}"
+                if k not in index:
+                    raise index.missing(k, hint=f" ({where})")
+                _check_tensor(index, k, [(n, kk)], ("F8_E4M3",), where)
+                sk = k + suffix
+                if sk not in index:
+                    raise index.missing(sk, hint=f" ({where} scale)")
+                sshape = [((n + 127) // 128, (kk + 127) // 128)] if block else [(n,), (n, 1)]
+                _check_tensor(index, sk, sshape, ("F32", "BF16", "F16"), where + " scale")
+
+        def read(e: int):
+            keys = lay.expert_keys(e)
+            w = [index.get_tensor(k).view(torch.uint8).contiguous() for k in keys]
+            s = [
+                index.get_tensor(k + suffix).to(torch.float32).reshape(-1).contiguous()
+                for k in keys
+            ]
+            return w, s
+
+        nbytes = 0
+        bar = (
+            _tqdm(total=E, desc=f"layer {layer_idx} experts", unit="expert", leave=False)
+            if _tqdm is not None and E >= 2 * batch
+            else None
+        )
+        for b0 in range(0, E, batch):
+            slots = list(range(b0, min(E, b0 + batch)))
+            items = [read(logical[p]) for p in slots]
+            nbytes += sum(t.numel() for w, _ in items for t in w)
+            layer.load_experts_fp8(
+                slots,
+                *[[it[0][i].data_ptr() for it in items] for i in range(3)],
+                *[[it[1][i].data_ptr() for it in items] for i in range(3)],
+            )
+            if bar is not None:
+                bar.update(len(slots))
+        if bar is not None:
+            bar.close()
+    finally:
+        index.close()
+    secs = time.perf_counter() - t0
+    gbs = nbytes / secs / 1e9 if secs > 0 else 0.0
+    logger.info(
+        "layer %d: loaded %d FP8 experts from %s (%s): %.1f MB in %.2f s, %.2f GB/s",
+        layer_idx,
+        E,
+        weight_path,
+        lay.family,
+        nbytes / 1e6,
+        secs,
+        gbs,
     )
     return {"bytes": nbytes, "seconds": secs, "gb_per_s": gbs, "layout": f"{lay.base}:{lay.family}"}
