@@ -170,7 +170,6 @@ void pack_bf16_strips(const StripLayout& l, const float* const* w, uint16_t* out
 void pack_fp8_strips(const StripLayout& l, const uint8_t* const* w, const float* const* block,
                      const float* const* row, uint8_t* out, float* scale, int32_t* comp,
                      float* gscale) {
-  constexpr float kBias = 1.329227995784916e36f;  // 2^120, see gemm.hpp
   std::memset(out, 0, size_t(l.total_bytes()));
   const int64_t kb = (l.k + 127) / 128;
   const int64_t groups = l.groups();
@@ -200,9 +199,9 @@ void pack_fp8_strips(const StripLayout& l, const uint8_t* const* w, const float*
     for (int h = 0; h < 2; ++h) {
       const int src = l.sources == 2 ? h : 0;
       for (int64_t g = 0; g < groups; ++g) {
-        float v = kBias;
+        float v = 1.0f;
         const int hb = l.sources == 2 ? h : 0;
-        if (block && half_block[hb] >= 0) v = block[src][half_block[hb] * kb + g] * kBias;
+        if (block && half_block[hb] >= 0) v = block[src][half_block[hb] * kb + g];
         for (int i = 0; i < l.lanes; ++i) gs[(g * 2 + h) * l.lanes + i] = v;
       }
     }

@@ -7,10 +7,8 @@
 //              y   = (a_scale[m] * w_scale[n]) * float(acc)   two fp32 roundings, in that order
 //   bf16:      acc = fma(a[m][k], float(w[n][k]), acc) for k = 0, 1, ... (fp32 activations)
 //              y   = acc                                  (a_scale, w_scale unused)
-//   fp8:       w'  = fp8_bits_value(w[n][k]) * gscale[strip][group(k)][half(n)]  (one rounding)
+//   fp8:       w'  = fp8_value(w[n][k]) * gscale[strip][group(k)][half(n)]  (one rounding)
 //              acc = fma(a[m][k], w', acc) in k order;  y = (a_scale[m] * w_scale[n]) * acc
-//              fp8_bits_value(b) = e4m3 magnitude * 2^-120 with b's sign: the table holds
-//              scale * 2^120, which keeps subnormal codes exact
 // Epilogues: store y; siluup (gate columns then up columns of a strip):
 //   h = g / (1 + exp2poly(clamp(-g, -87, 88))) * u, exp2poly as in exp_ref() below;
 //   accum: out = fma(row_weight[m], y, out).
@@ -59,16 +57,23 @@ constexpr int kStripVecs = 4;
 // Register-tile rows the prefill kernel uses at each level (limited by the register file).
 int gemm_max_rows(IsaLevel isa, WeightFormat fmt = WeightFormat::int8);
 
-// The value an fp8 (e4m3) byte decodes to in the kernels before scaling: |e4m3| * 2^-120 with
-// the byte's sign, as an fp32 bit pattern (subnormal e4m3 codes become fp32 subnormals, exact).
-// 0x7f/0xff (e4m3fn NaN) decode like the largest finite magnitude pattern would: 480 * 2^-120.
-inline float fp8_bits_value(uint8_t b) {
-  const uint32_t bits = (uint32_t(b & 0x7f) << 20) | (uint32_t(b & 0x80) << 24);
+// The value an fp8 (e4m3fn) byte decodes to in the kernels: exact for every finite code,
+// subnormals included; 0x7f/0xff (NaN in e4m3fn) decode as +-480 (what their bits would mean).
+// The kernels build it the same way: magnitude bits to fp32 bits 26..20 plus an exponent bias of
+// 120, and for e == 0 one more exponent step minus 2^-6 (exact), so no fp32 subnormal ever
+// reaches an arithmetic instruction (denormal operands cost a microcode assist on Intel).
+inline float fp8_value(uint8_t b) {
+  uint32_t bits = (uint32_t(b & 0x7f) << 20) + (120u << 23);
   float f;
-  __builtin_memcpy(&f, &bits, 4);
-  return f;
+  if ((b & 0x78) == 0) {
+    bits += 1u << 23;
+    __builtin_memcpy(&f, &bits, 4);
+    f -= 0.015625f;  // 2^-6
+  } else {
+    __builtin_memcpy(&f, &bits, 4);
+  }
+  return (b & 0x80) ? -f : f;
 }
-constexpr float kFp8ScaleBias = 1.329227995784916e36f;  // 2^120
 
 // Output columns written per strip of `n_vec` vectors.
 inline int gemm_strip_out_cols(IsaLevel isa, int n_vec, Epilogue e) {

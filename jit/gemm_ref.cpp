@@ -93,7 +93,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           float acc = 0.0f;
           for (int64_t k = 0; k < args.k4; ++k) {
             const float scale = gs[((k / args.g_steps) * 2 + half) * lanes];
-            acc = std::fma(af[k], fp8_bits_value(wb[k * cols + n]) * scale, acc);
+            acc = std::fma(af[k], fp8_value(wb[k * cols + n]) * scale, acc);
           }
           y[n] = (args.a_scale[m] * wscale[n]) * acc;
         }

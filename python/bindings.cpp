@@ -85,9 +85,8 @@ PYBIND11_MODULE(_core, m) {
   // C++ exceptions become Python ones: invalid_argument -> ValueError, runtime_error ->
   // RuntimeError (pybind11's defaults).
   m.def(
-      "fp8_decode",
-      [](int code) { return double(fp8_bits_value(uint8_t(code))) * double(kFp8ScaleBias); },
-      py::arg("code"), "The value the FP8 kernels give an e4m3 byte (before scaling).");
+      "fp8_decode", [](int code) { return double(fp8_value(uint8_t(code))); }, py::arg("code"),
+      "The value the FP8 kernels give an e4m3 byte (before scaling).");
   m.def("built_methods", [] { return std::string(built_methods()); });
   m.def(
       "isa", [] { return std::string(isa_name(selected_isa())); },

@@ -22,7 +22,7 @@ isa=$("$PYTHON" -c "from kt_jit import _core; print(_core.isa())")
 kernels "$isa" >"$tmp/kernels.txt"
 [ "$isa" != "avx2" ] && kernels avx2 >>"$tmp/kernels.txt"
 
-for m in AMXINT8 AMXINT4 BF16; do
+for m in AMXINT8 AMXINT4 BF16 FP8; do
   (cd /tmp && "$PYTHON" -m kt_jit.bench --method "$m" --torch-peer --markdown "$tmp/$m.md" >/dev/null)
 done
 (cd /tmp && "$PYTHON" -m kt_jit.bench --method AMXINT8 --threads 2 --markdown "$tmp/2t.md" >/dev/null)
@@ -37,7 +37,7 @@ done
   echo '```'
   cat "$tmp/kernels.txt"
   echo '```'
-  for f in AMXINT8 AMXINT4 BF16 2t; do
+  for f in AMXINT8 AMXINT4 BF16 FP8 2t; do
     echo
     sed 's/^# kt-jit MoE benchmark/## MoE layer/' "$tmp/$f.md"
   done

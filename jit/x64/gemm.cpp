@@ -325,8 +325,10 @@ class GemmGenerator : public JitGenerator {
     }
   }
 
-  // fp8: sign-extend the byte, move its 7 magnitude bits to fp32 bits 26..20 (e4m3 * 2^-120,
-  // subnormals included), take the sign from bit 31, multiply by scale * 2^120, FMA per row.
+  // fp8: sign-extend the byte; its 7 magnitude bits to fp32 bits 26..20 plus exponent bias 120
+  // (exact e4m3 for e > 0); e == 0 lanes (subnormal codes) get one more exponent step and lose
+  // 2^-6, exact too, so no fp32 subnormal is ever an operand; the sign from bit 31; then the
+  // strip half's group scale; then one FMA per row.
   void microkernel_fp8(int u) {
     for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 4 * u]);
     const Xmm t = vreg(num_vregs() - 2), w = vreg(num_vregs() - 1);
@@ -337,8 +339,19 @@ class GemmGenerator : public JitGenerator {
       vpslld(w, t, 25);
       vpsrld(w, w, 5);
       if (zmm_isa()) {
+        vpaddd(w, w, ptr_b[rip + c_fp8_bias_]);
+        vptestnmd(k1, t, ptr_b[rip + c_fp8_exp_]);
+        vpaddd(w | k1, w, ptr_b[rip + c_fp8_step_]);
+        vsubps(w | k1, w, ptr_b[rip + c_fp8_sub_]);
         vpternlogd(w, t, ptr_b[rip + c_sign_], 0xd8);  // sign bit from t, the rest from w
       } else {
+        const Xmm alt = vreg(8), msk = vreg(9);  // free: AVX2 fp8 tiles use 8 accumulators
+        vpaddd(w, w, cpool(c_fp8_bias_));
+        vpand(msk, t, cpool(c_fp8_exp_));
+        vpcmpeqd(msk, msk, cpool(c_zero_));
+        vpaddd(alt, w, cpool(c_fp8_step_));
+        vsubps(alt, alt, cpool(c_fp8_sub_));
+        vblendvps(w, w, alt, msk);
         vpand(t, t, cpool(c_sign_));
         vpor(w, w, t);
       }
@@ -508,6 +521,11 @@ class GemmGenerator : public JitGenerator {
   void emit_constants() {
     align(64);
     emit_const32(c_ones16_, 0x00010001u);
+    emit_const32(c_fp8_bias_, 120u << 23);
+    emit_const32(c_fp8_exp_, 0x78u);
+    emit_const32(c_fp8_step_, 1u << 23);
+    emit_const32(c_fp8_sub_, f32_bits(0.015625f));
+    emit_const32(c_zero_, 0u);
     emit_const32(c_f0_, 0xf0f0f0f0u);
     emit_const32(c_sign_, 0x80000000u);
     emit_const32(c_max_, f32_bits(88.0f));
@@ -523,7 +541,8 @@ class GemmGenerator : public JitGenerator {
   const KernelKey key_;
   const int lanes_, nv_, mr_;
   const bool vnni_, int4_, bf16_, fp8_, prefill_;
-  Label c_ones16_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
+  Label c_ones16_, c_fp8_bias_, c_fp8_exp_, c_fp8_step_, c_fp8_sub_, c_zero_, c_f0_, c_sign_,
+      c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
 };
 
 }  // namespace

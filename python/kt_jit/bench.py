@@ -35,8 +35,40 @@ DEFAULT_TOKENS = (1, 4, 16, 64, 256, 1024)
 VNNI_LEVELS = ("avx512_vnni", "avx512_bf16", "amx")
 
 
-BYTES_PER_WEIGHT = {"AMXINT8": 1.0, "MOE_INT8": 1.0, "AMXINT4": 0.5, "MOE_INT4": 0.5, "BF16": 2.0}
-WEIGHT_NAME = {"AMXINT4": "int4", "MOE_INT4": "int4", "BF16": "bf16"}
+BYTES_PER_WEIGHT = {
+    "AMXINT8": 1.0,
+    "MOE_INT8": 1.0,
+    "AMXINT4": 0.5,
+    "MOE_INT4": 0.5,
+    "BF16": 2.0,
+    "FP8": 1.0,
+    "FP8_PERCHANNEL": 1.0,
+}
+WEIGHT_NAME = {
+    "AMXINT4": "int4",
+    "MOE_INT4": "int4",
+    "BF16": "bf16",
+    "FP8": "fp8",
+    "FP8_PERCHANNEL": "fp8",
+}
+
+
+def _load_layer(layer, method, gate, up, down, torch):
+    """Random weights into a layer: float tensors, or e4m3 + scales for the FP8 methods."""
+    if not method.startswith("FP8"):
+        layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), "f32", 0)
+        return
+    E = gate.shape[0]
+    mats = [(t * 50).clamp(-448, 448).to(torch.float8_e4m3fn) for t in (gate, up, down)]
+    if method == "FP8":
+        scales = [
+            torch.full((E, (m.shape[1] + 127) // 128, (m.shape[2] + 127) // 128), 0.02)
+            for m in mats
+        ]
+    else:
+        scales = [torch.full((E, m.shape[1]), 0.02) for m in mats]
+    slots = list(range(E))
+    layer.load_experts_fp8(slots, *[[t[e].data_ptr() for e in slots] for t in mats + scales])
 
 
 def _l3_bytes() -> int:
@@ -230,7 +262,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         read_bw = float(lim["read_gbs_2t"])
     vnni = isa in VNNI_LEVELS and float(lim.get("peak_vnni_gops", 0.0)) > 0
-    if args.method == "BF16":  # bf16 kernels convert to fp32 and use vfmadd231ps
+    if args.method in ("BF16", "FP8", "FP8_PERCHANNEL"):  # widened to fp32, vfmadd231ps
         peak_name, peak_key = "vfmadd231ps", "peak_fma_gflops"
     else:
         peak_name = "vpdpbusd" if vnni else "vpmaddubsw"
@@ -263,7 +295,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     layers = []
     for _ in range(layers_n):
         layer = _core.MoELayer(E, K, H, I, args.method, args.isa)
-        layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), "f32", 0)
+        _load_layer(layer, args.method, gate, up, down, torch)
         layers.append(layer)
     del gate, up, down
     print(
