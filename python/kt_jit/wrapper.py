@@ -288,66 +288,41 @@ class KTMoEWrapper:
     def load_weights(self, physical_to_logical_map_cpu: Optional[torch.Tensor] = None):
         """Load this layer's experts from ``weight_path`` in the format ``method`` implies.
 
-        BF16: a Hugging Face checkpoint directory (``*.safetensors`` + ``config.json``), see
-        docs/FORMATS.md "Loading from a checkpoint". AMXINT8 / AMXINT4: a directory converted by
-        kt-kernel (safetensors or ``.kt`` tree, any number of NUMA parts), see docs/FORMATS.md
-        "Loading kt-kernel converted directories"."""
-        if self.method in ("AMXINT8", "AMXINT4", "MOE_INT8", "MOE_INT4"):
-            from .loaders import hf, ktkernel
+        BF16, FP8, FP8_PERCHANNEL: a Hugging Face checkpoint directory (``*.safetensors`` +
+        ``config.json``), see docs/FORMATS.md "Loading from a checkpoint" and "FP8". AMXINT8 /
+        AMXINT4: a directory converted by kt-kernel (safetensors or ``.kt`` tree, any number of
+        NUMA parts), see docs/FORMATS.md "Loading kt-kernel converted directories"."""
+        from .loaders import hf, ktkernel
 
-            E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
-            pmap = self._check_map(physical_to_logical_map_cpu)
-            ktkernel.method_bits(self.method)  # MOE_*: NotImplementedError before any I/O
-            if not self.weight_path or not os.path.exists(self.weight_path):
-                raise FileNotFoundError(f"weight_path: {self.weight_path!r} does not exist")
-            hf.check_model_shape(self.weight_path, E, self.num_experts_per_tok, H, I)
-            K, method = self.num_experts_per_tok, self.method
-            layer, self.load_stats = ktkernel.load_ktkernel_layer(
-                lambda bounds: _core.MoELayer(E, K, H, I, method, "", shard_bounds=bounds),
-                self.weight_path,
-                self.layer_idx,
-                E,
-                H,
-                I,
-                pmap,
-                method,
-            )
-            if not layer.loaded:  # pragma: no cover - the loader fills every slot or raises
-                raise RuntimeError(
-                    f"load_weights: layer {self.layer_idx} has unloaded expert slots"
-                )
-            self.moe = layer
-            return
-        if self.method in ("FP8", "FP8_PERCHANNEL"):
-            from .loaders import hf
-
-            E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
-            pmap = self._check_map(physical_to_logical_map_cpu)
-            if not self.weight_path or not os.path.exists(self.weight_path):
-                raise FileNotFoundError(f"weight_path: {self.weight_path!r} does not exist")
-            hf.check_model_shape(self.weight_path, E, self.num_experts_per_tok, H, I)
-            layer = _core.MoELayer(E, self.num_experts_per_tok, H, I, self.method)
-            self.load_stats = hf.load_fp8_layer(
-                layer, self.weight_path, self.layer_idx, E, H, I, pmap, block=self.method == "FP8"
-            )
-            self.moe = layer
-            return
-        if self.method != "BF16":
+        method, E, K = self.method, self.num_experts, self.num_experts_per_tok
+        H, I = self.hidden_size, self.moe_intermediate_size
+        kt_dir = method in ("AMXINT8", "AMXINT4", "MOE_INT8", "MOE_INT4")
+        if not kt_dir and method not in ("BF16", "FP8", "FP8_PERCHANNEL"):
             raise NotImplementedError(
-                f"load_weights: loading method {self.method!r} from weight_path "
+                f"load_weights: loading method {method!r} from weight_path "
                 f"({self.weight_path!r}) arrives with the formats issue; use "
                 "load_weights_from_tensors"
             )
-        from .loaders import hf
-
-        E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
         pmap = self._check_map(physical_to_logical_map_cpu)
+        if kt_dir:
+            ktkernel.method_bits(method)  # MOE_*: NotImplementedError before any I/O
         if not self.weight_path or not os.path.exists(self.weight_path):
             raise FileNotFoundError(f"weight_path: {self.weight_path!r} does not exist")
-        hf.check_model_shape(self.weight_path, E, self.num_experts_per_tok, H, I)
-        layer = _core.MoELayer(E, self.num_experts_per_tok, H, I, self.method)
-        self.load_stats = hf.load_bf16_layer(layer, self.weight_path, self.layer_idx, E, H, I, pmap)
-        if not layer.loaded:  # pragma: no cover - the loader fills every slot or raises
+        hf.check_model_shape(self.weight_path, E, K, H, I)
+        args = (self.weight_path, self.layer_idx, E, H, I, pmap)
+        if kt_dir:  # one shard per NUMA part of the converted files
+            layer, self.load_stats = ktkernel.load_ktkernel_layer(
+                lambda bounds: _core.MoELayer(E, K, H, I, method, "", shard_bounds=bounds),
+                *args,
+                method,
+            )
+        else:
+            layer = _core.MoELayer(E, K, H, I, method)
+            if method == "BF16":
+                self.load_stats = hf.load_bf16_layer(layer, *args)
+            else:
+                self.load_stats = hf.load_fp8_layer(layer, *args, block=method == "FP8")
+        if not layer.loaded:  # pragma: no cover - the loaders fill every slot or raise
             raise RuntimeError(f"load_weights: layer {self.layer_idx} has unloaded expert slots")
         self.moe = layer
 
