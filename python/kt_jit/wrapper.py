@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from . import _core, serving
+from ._progress import load_stats, progress_bar
 
 logger = logging.getLogger("kt_jit")
 
@@ -50,17 +51,6 @@ _pool_state: Optional[dict] = None
 
 #: Experts handed to the packer per call of the online-quantization load.
 _LOAD_BATCH = 16
-
-
-def _progress(total: int, desc: str):
-    """A tqdm bar on stderr for long work, or None when tqdm is missing or the work is small."""
-    if total < 2 * _LOAD_BATCH:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return None
-    return tqdm(total=total, desc=desc, unit="expert", leave=False)
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -392,7 +382,9 @@ class KTMoEWrapper:
         esz = gate.element_size()
         gb, ub, db = gate.data_ptr(), up.data_ptr(), down.data_ptr()
         t0 = time.perf_counter()
-        bar = _progress(E, f"layer {self.layer_idx}: {self.method} packing")
+        bar = progress_bar(
+            E, f"layer {self.layer_idx}: {self.method} packing", E >= 2 * _LOAD_BATCH
+        )
         for s in range(0, E, _LOAD_BATCH):
             slots = list(range(s, min(E, s + _LOAD_BATCH)))
             layer.load_experts(
@@ -406,9 +398,8 @@ class KTMoEWrapper:
                 bar.update(len(slots))
         if bar is not None:
             bar.close()
-        secs = time.perf_counter() - t0
         nbytes = (gate.numel() + up.numel() + down.numel()) * esz
-        self.load_stats = {"bytes": nbytes, "seconds": secs, "gb_per_s": nbytes / secs / 1e9}
+        self.load_stats = load_stats(nbytes, t0)
         self.moe = layer
         logger.info(
             "layer %d: %s from %s tensors: %.2f GB in %.2f s (%.2f GB/s), %d experts, isa %s",
@@ -416,8 +407,8 @@ class KTMoEWrapper:
             self.method,
             dtype,
             nbytes / 1e9,
-            secs,
-            nbytes / secs / 1e9,
+            self.load_stats["seconds"],
+            self.load_stats["gb_per_s"],
             E,
             layer.isa,
         )

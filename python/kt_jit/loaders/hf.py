@@ -20,10 +20,7 @@ import torch
 
 logger = logging.getLogger("kt_jit")
 
-try:  # optional progress bar
-    from tqdm import tqdm as _tqdm  # type: ignore
-except Exception:  # pragma: no cover - tqdm not installed
-    _tqdm = None
+from .._progress import load_stats, progress_bar
 
 #: safetensors dtype names → load_experts dtype strings.
 _SOURCE_DTYPES = {"BF16": "bf16", "F16": "f16", "F32": "f32"}
@@ -398,12 +395,7 @@ def load_bf16_layer(
             return [(p, *read(logical[p])) for p in slots]
 
         batches = [list(range(s, min(E, s + batch))) for s in range(0, E, batch)]
-        show = _tqdm is not None and (progress if progress is not None else True)
-        bar = (
-            _tqdm(total=E, desc=f"layer {layer_idx} experts", unit="expert", leave=False)
-            if show
-            else None
-        )
+        bar = progress_bar(E, f"layer {layer_idx} experts", progress is not False)
         nbytes = 0
         # Read the next batch while the native code packs this one (it releases the GIL).
         with ThreadPoolExecutor(max_workers=1) as ex:
@@ -430,8 +422,7 @@ def load_bf16_layer(
             bar.close()
     finally:
         index.close()
-    secs = time.perf_counter() - t0
-    gbs = nbytes / secs / 1e9 if secs > 0 else 0.0
+    stats = load_stats(nbytes, t0)
     logger.info(
         "layer %d: loaded %d experts from %s (%s, %s layout): %.1f MB in %.2f s, %.2f GB/s",
         layer_idx,
@@ -440,10 +431,10 @@ def load_bf16_layer(
         lay.base,
         lay.family,
         nbytes / 1e6,
-        secs,
-        gbs,
+        stats["seconds"],
+        stats["gb_per_s"],
     )
-    return {"bytes": nbytes, "seconds": secs, "gb_per_s": gbs, "layout": f"{lay.base}:{lay.family}"}
+    return {**stats, "layout": f"{lay.base}:{lay.family}"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -514,11 +505,7 @@ def load_fp8_layer(
             return w, s
 
         nbytes = 0
-        bar = (
-            _tqdm(total=E, desc=f"layer {layer_idx} experts", unit="expert", leave=False)
-            if _tqdm is not None and E >= 2 * batch
-            else None
-        )
+        bar = progress_bar(E, f"layer {layer_idx} experts", E >= 2 * batch)
         for b0 in range(0, E, batch):
             slots = list(range(b0, min(E, b0 + batch)))
             items = [read(logical[p]) for p in slots]
@@ -534,8 +521,7 @@ def load_fp8_layer(
             bar.close()
     finally:
         index.close()
-    secs = time.perf_counter() - t0
-    gbs = nbytes / secs / 1e9 if secs > 0 else 0.0
+    stats = load_stats(nbytes, t0)
     logger.info(
         "layer %d: loaded %d FP8 experts from %s (%s): %.1f MB in %.2f s, %.2f GB/s",
         layer_idx,
@@ -543,7 +529,7 @@ def load_fp8_layer(
         weight_path,
         lay.family,
         nbytes / 1e6,
-        secs,
-        gbs,
+        stats["seconds"],
+        stats["gb_per_s"],
     )
-    return {"bytes": nbytes, "seconds": secs, "gb_per_s": gbs, "layout": f"{lay.base}:{lay.family}"}
+    return {**stats, "layout": f"{lay.base}:{lay.family}"}

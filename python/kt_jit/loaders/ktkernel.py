@@ -37,10 +37,7 @@ from .hf import CheckpointError, SafetensorsIndex
 
 logger = logging.getLogger("kt_jit")
 
-try:  # optional progress bar
-    from tqdm import tqdm as _tqdm  # type: ignore
-except ImportError:  # pragma: no cover - tqdm not installed
-    _tqdm = None
+from .._progress import load_stats, progress_bar
 
 N_STEP = 32
 K_STEP = 64
@@ -440,12 +437,7 @@ def load_ktkernel_layer(
             for part in range(kd.tp)
             for s in range(0, E, batch)
         ]
-        show = _tqdm is not None and (progress if progress is not None else True)
-        bar = (
-            _tqdm(total=E * kd.tp, desc=f"layer {layer_idx} experts x parts", unit="expert",
-                  leave=False)
-            if show else None
-        )
+        bar = progress_bar(E * kd.tp, f"layer {layer_idx} experts x parts", progress is not False)
         nbytes = 0
         with ThreadPoolExecutor(max_workers=1) as ex:
             fut = ex.submit(read_batch, *jobs[0]) if jobs else None
@@ -467,12 +459,11 @@ def load_ktkernel_layer(
             bar.close()
     finally:
         kd.close()
-    secs = time.perf_counter() - t0
-    gbs = nbytes / secs / 1e9 if secs > 0 else 0.0
+    stats = {**load_stats(nbytes, t0), "mode": kd.mode, "tp": kd.tp}
     logger.info(
         "layer %d: loaded %d experts x %d NUMA parts from %s (kt-kernel %s, INT%d): "
         "%.1f MB in %.2f s, %.2f GB/s",
-        layer_idx, E, kd.tp, weight_path, kd.mode, bits, nbytes / 1e6, secs, gbs,
+        layer_idx, E, kd.tp, weight_path, kd.mode, bits, nbytes / 1e6, stats["seconds"],
+        stats["gb_per_s"],
     )
-    stats = {"bytes": nbytes, "seconds": secs, "gb_per_s": gbs, "mode": kd.mode, "tp": kd.tp}
     return layer, stats
