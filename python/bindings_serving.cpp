@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <stdexcept>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "formats/convert.hpp"
 #include "python/py_moe_layer.hpp"
 #include "runtime/task_queue.hpp"
 
@@ -58,8 +60,8 @@ struct PyTaskQueue {
 };
 
 uint64_t submit_forward(PyTaskQueue& self, py::object layer_obj, int64_t T, uintptr_t x,
-                        uintptr_t ids, uintptr_t w, uintptr_t mask, uintptr_t out,
-                        bool incremental, int64_t chunk, py::object keepalive) {
+                        uintptr_t ids, uintptr_t w, uintptr_t mask, uintptr_t out, bool incremental,
+                        int64_t chunk, py::object keepalive) {
   PyMoELayer& pl = layer_obj.cast<PyMoELayer&>();
   if (!pl.layer) throw std::invalid_argument("submit_forward: the layer has no native state");
   if (T < 0) throw std::invalid_argument("submit_forward: T must be >= 0");
@@ -95,6 +97,36 @@ uint64_t submit_forward(PyTaskQueue& self, py::object layer_obj, int64_t T, uint
   return seq;
 }
 
+// The decode fast path: validates nothing the Python side has not (it checks a cached signature
+// of the inputs), copies the caller's tensors into the staging buffers here — converting bf16 /
+// fp16 activations and weights and int32 ids on the way — and enqueues the forward. One call
+// instead of three torch copies and a submit.
+uint64_t submit_forward_staged(PyTaskQueue& self, py::object layer_obj, int64_t T, uintptr_t x,
+                               int x_type, uintptr_t ids, bool ids_int32, uintptr_t w, int w_type,
+                               uintptr_t stage_x, uintptr_t stage_ids, uintptr_t stage_w,
+                               uintptr_t mask, uintptr_t out, bool incremental, int64_t chunk,
+                               py::object keepalive) {
+  PyMoELayer& pl = layer_obj.cast<PyMoELayer&>();
+  if (!pl.layer) throw std::invalid_argument("submit_forward: the layer has no native state");
+  if (T <= 0) throw std::invalid_argument("submit_forward_staged: T must be > 0");
+  for (int t : {x_type, w_type})
+    if (t < 0 || t > 2) throw std::invalid_argument("submit_forward_staged: bad float type code");
+  const int64_t H = pl.layer->shape().hidden, K = pl.layer->shape().top_k;
+  formats::to_f32(reinterpret_cast<const void*>(x), formats::FloatType(x_type), T * H,
+                  reinterpret_cast<float*>(stage_x));
+  formats::to_f32(reinterpret_cast<const void*>(w), formats::FloatType(w_type), T * K,
+                  reinterpret_cast<float*>(stage_w));
+  int64_t* sid = reinterpret_cast<int64_t*>(stage_ids);
+  if (ids_int32) {
+    const int32_t* src = reinterpret_cast<const int32_t*>(ids);
+    for (int64_t i = 0; i < T * K; ++i) sid[i] = src[i];
+  } else {
+    std::memcpy(sid, reinterpret_cast<const void*>(ids), size_t(T * K) * 8);
+  }
+  return submit_forward(self, std::move(layer_obj), T, stage_x, stage_ids, stage_w, mask, out,
+                        incremental, chunk, std::move(keepalive));
+}
+
 uint64_t submit_callable(PyTaskQueue& self, py::object fn) {
   if (!PyCallable_Check(fn.ptr())) throw py::type_error("submit: expected a callable");
   PyObject* raw = fn.ptr();  // kept alive by self.keep until the task has run
@@ -121,12 +153,19 @@ void register_serving(py::module_& m) {
       .def(py::init<>())
       .def("submit_forward", &submit_forward, py::arg("layer"), py::arg("T"), py::arg("x_ptr"),
            py::arg("ids_ptr"), py::arg("w_ptr"), py::arg("mask_ptr"), py::arg("out_ptr"),
-           py::arg("incremental") = false, py::arg("chunk") = 0,
-           py::arg("keepalive") = py::none(),
+           py::arg("incremental") = false, py::arg("chunk") = 0, py::arg("keepalive") = py::none(),
            "Enqueue layer.forward over T rows in chunks of `chunk` (x fp32 [T,H], ids int64 "
            "[T,K], w fp32 [T,K], mask bool [E] or 0, out fp32 [T,H]); incremental adds the result "
            "into out. `keepalive` (and the layer) are held until the task finishes. Returns the "
            "task's sequence number.")
+      .def("submit_forward_staged", &submit_forward_staged, py::arg("layer"), py::arg("T"),
+           py::arg("x_ptr"), py::arg("x_type"), py::arg("ids_ptr"), py::arg("ids_int32"),
+           py::arg("w_ptr"), py::arg("w_type"), py::arg("stage_x_ptr"), py::arg("stage_ids_ptr"),
+           py::arg("stage_w_ptr"), py::arg("mask_ptr"), py::arg("out_ptr"),
+           py::arg("incremental") = false, py::arg("chunk") = 0, py::arg("keepalive") = py::none(),
+           "submit_forward after copying contiguous inputs into the staging buffers: x [T,H] "
+           "and w [T,K] of type code 0 f32 / 1 bf16 / 2 f16 to fp32, ids [T,K] int64 or int32 "
+           "to int64. T > 0.")
       .def("submit", &submit_callable, py::arg("fn"),
            "Enqueue a Python callable (run on the worker thread with the GIL).")
       .def(
@@ -137,7 +176,8 @@ void register_serving(py::module_& m) {
           py::arg("allow_pending") = 0,
           "Wait until at most allow_pending tasks remain; raise the first task error.")
       .def(
-          "wait", [](PyTaskQueue& self, uint64_t seq) { self.blocking([&] { self.q->wait(seq); }); },
+          "wait",
+          [](PyTaskQueue& self, uint64_t seq) { self.blocking([&] { self.q->wait(seq); }); },
           py::arg("seq"), "Wait until task `seq` has finished; raise the first task error.")
       .def_property_readonly("submitted", [](const PyTaskQueue& s) { return s.q->submitted(); })
       .def_property_readonly("completed", [](const PyTaskQueue& s) { return s.q->completed(); })

@@ -228,6 +228,10 @@ class KTMoEWrapper:
         )
         self.moe = None  # the native MoELayer, created at load
         self._pending = None
+        # serving's fast path: the last input signature that passed _prepare, and the mask object
+        # last validated
+        self._fast_sig = None
+        self._mask_checked, self._mask_checked_ptr = None, 0
 
     # ----------------------------------------------------------------------------------------
     def _make_mask(self, gpu_experts_mask: Optional[torch.Tensor]) -> torch.Tensor:
