@@ -97,6 +97,32 @@ void packed_column_source(const StripLayout& l, int64_t c, int* source, int64_t*
   *row = r < l.n ? r : -1;
 }
 
+void packed_column_of(const StripLayout& l, int src, int64_t r, int64_t* strip, int* col,
+                      int* strip_cols) {
+  const int64_t rps = l.rows_per_strip();
+  *strip = r / rps;
+  *strip_cols = l.strip_cols(*strip < l.full_strips ? l.strip_vecs : l.tail_vecs);
+  *col = int(src * (*strip_cols / l.sources) + r % rps);
+}
+
+void unpack_rows(const StripLayout& l, const void* packed, int src, int64_t r0, int64_t r1,
+                 int64_t k0, int64_t k1, void* out, int64_t ld) {
+  if (l.kgroup != 1 || (l.bits != 8 && l.bits != 16))
+    throw std::invalid_argument("unpack_rows: only one-element-per-step layouts (bf16, fp8)");
+  if (r0 < 0 || r1 > l.n || k0 < 0 || k1 > l.k || r0 > r1 || k0 > k1)
+    throw std::invalid_argument("unpack_rows: range outside the matrix");
+  const size_t es = size_t(l.bits / 8);
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t strip;
+    int col, cols;
+    packed_column_of(l, src, r, &strip, &col, &cols);
+    const char* base = static_cast<const char*>(packed) + l.strip_offset(strip);
+    char* dst = static_cast<char*>(out) + size_t((r - r0) * ld) * es;
+    for (int64_t kk = k0; kk < k1; ++kk)
+      std::memcpy(dst + size_t(kk - k0) * es, base + size_t(kk * cols + col) * es, es);
+  }
+}
+
 void pack_int8_strips(const StripLayout& l, const int8_t* const* q, const float* const* d,
                       int8_t* out, float* scale, int32_t* comp) {
   std::memset(out, 0, size_t(l.total_bytes()));

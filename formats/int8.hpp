@@ -73,6 +73,17 @@ void pack_int8_strips(const StripLayout& layout, const int8_t* const* q, const f
 // The logical (source, row) held by packed column `c`, or row -1 for padding.
 void packed_column_source(const StripLayout& layout, int64_t c, int* source, int64_t* row);
 
+// Inverse of packed_column_source: the strip holding row `r` of source `src`, the row's column
+// inside that strip and the strip's width in columns.
+void packed_column_of(const StripLayout& layout, int src, int64_t r, int64_t* strip, int* col,
+                      int* strip_cols);
+
+// Copies elements [k0, k1) of rows [r0, r1) of source `src` out of a one-element-per-K-step
+// packed matrix (kgroup 1: bf16 = 2-byte elements, fp8 = 1-byte) into `out` (row stride `ld`
+// elements): the original checkpoint bytes, as packed.
+void unpack_rows(const StripLayout& layout, const void* packed, int src, int64_t r0, int64_t r1,
+                 int64_t k0, int64_t k1, void* out, int64_t ld);
+
 // bfloat16 strips (layout.bits == 16): `w[src]` is n x k fp32 row-major, rounded to bf16 (RNE);
 // bytes are [k][column] inside a strip. Scales are set to 1 and compensations to 0.
 void pack_bf16_strips(const StripLayout& layout, const float* const* w, uint16_t* out, float* scale,

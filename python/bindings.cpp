@@ -182,6 +182,19 @@ PYBIND11_MODULE(_core, m) {
           "kernels multiply (INT4: 16*q4) row-major — gate/up [is, H], down [H, is] — and fp32 "
           "row scales [is], [is], [H].")
       .def(
+          "write_expert",
+          [](const PyMoELayer& self, int64_t slot, int tp, int rank, uintptr_t w13,
+             uintptr_t w13_scale, uintptr_t w2, uintptr_t w2_scale) {
+            py::gil_scoped_release release;
+            self.layer->write_expert(slot, tp, rank, ptr<void>(w13), ptr<float>(w13_scale),
+                                     ptr<void>(w2), ptr<float>(w2_scale));
+          },
+          py::arg("slot"), py::arg("tp"), py::arg("rank"), py::arg("w13_ptr"),
+          py::arg("w13_scale_ptr"), py::arg("w2_ptr"), py::arg("w2_scale_ptr"),
+          "Writes one expert in its checkpoint encoding for GPU rank `rank` of `tp` (BF16, FP8, "
+          "FP8_PERCHANNEL): w13 = [gate; up] rows of the rank's I slice, w2 = down's column "
+          "slice, scales alike.")
+      .def(
           "load_from_float",
           [](PyMoELayer& self, uintptr_t gate, uintptr_t up, uintptr_t down,
              const std::string& dtype, uintptr_t map) {

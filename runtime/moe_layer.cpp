@@ -738,4 +738,81 @@ void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, Thread
   });
 }
 
+void MoELayer::write_expert(int64_t slot, int tp, int rank, void* w13, float* w13_scale, void* w2,
+                            float* w2_scale) const {
+  const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
+  if (format_ != WeightFormat::bf16 && format_ != WeightFormat::fp8)
+    throw std::invalid_argument("write_weight_scale_to_buffer: method " + method_ +
+                                " is not a native checkpoint format (BF16, FP8, FP8_PERCHANNEL)");
+  if (!loaded_) throw std::runtime_error("write_weight_scale_to_buffer: weights are not loaded");
+  if (slot < 0 || slot >= E)
+    throw std::invalid_argument("expert_id: expected a value in [0, " + std::to_string(E) +
+                                "), got " + std::to_string(slot));
+  if (tp < 1 || I % tp != 0)
+    throw std::invalid_argument("gpu_tp_count: expected a divisor of the intermediate size " +
+                                std::to_string(I) + ", got " + std::to_string(tp));
+  if (rank < 0 || rank >= tp)
+    throw std::invalid_argument("rank: expected a value in [0, " + std::to_string(tp) + ")");
+  const int64_t ir = I / tp, i0 = int64_t(rank) * ir, i1 = i0 + ir;
+  const bool fp8 = format_ == WeightFormat::fp8;
+  if (fp8 && fp8_block_ && ir % 128 != 0)
+    throw std::invalid_argument(
+        "gpu_tp_count: FP8 block scales need I / gpu_tp_count to be a multiple of 128, got " +
+        std::to_string(ir));
+  if (fp8 && (!w13_scale || !w2_scale))
+    throw std::invalid_argument("write_weight_scale_to_buffer: " + method_ +
+                                " needs scale pointers");
+  const size_t es = fp8 ? 1 : 2;
+  const int64_t hb = (H + 127) / 128;
+  char* gu_out = static_cast<char*>(w13);
+  char* d_out = static_cast<char*>(w2);
+  for (const Shard& sh : shards_) {
+    const int64_t a = std::max(i0, sh.i_begin), b = std::min(i1, sh.i_end);
+    if (a >= b) continue;
+    const char* wb = sh.weights.as<char>() + slot * sh.expert_bytes;
+    const char* wd = wb + sh.gu.total_bytes();
+    const float* sb = sh.scales.as<float>() + slot * sh.expert_cols;
+    const float* gb = sh.expert_gscale ? sh.gscales.as<float>() + slot * sh.expert_gscale : nullptr;
+    const int64_t la = a - sh.i_begin, lb = b - sh.i_begin;  // local rows of gate/up
+    for (int src = 0; src < 2; ++src)                        // gate rows, then up rows
+      formats::unpack_rows(sh.gu, wb, src, la, lb, 0, H,
+                           gu_out + size_t((src * ir + a - i0) * H) * es, H);
+    formats::unpack_rows(sh.down, wd, 0, 0, H, la, lb, d_out + size_t(a - i0) * es, ir);
+    if (!fp8) continue;
+    if (!fp8_block_) {  // row scales: per packed column of gate/up, per row of down
+      for (int src = 0; src < 2; ++src)
+        for (int64_t r = la; r < lb; ++r) {
+          int64_t strip;
+          int col, cols;
+          formats::packed_column_of(sh.gu, src, r, &strip, &col, &cols);
+          w13_scale[src * ir + sh.i_begin + r - i0] =
+              sb[strip * sh.gu.strip_cols(sh.gu.strip_vecs) + col];
+        }
+      for (int64_t h = 0; h < H; ++h) {
+        int64_t strip;
+        int col, cols;
+        formats::packed_column_of(sh.down, 0, h, &strip, &col, &cols);
+        w2_scale[h] = sb[sh.gu.total_cols() + strip * sh.down.strip_cols(sh.down.strip_vecs) + col];
+      }
+      continue;
+    }
+    // 128x128 block scales live in the group-scale table: per strip, group, half.
+    auto gscale = [](const formats::StripLayout& l, const float* table, int half, int64_t r,
+                     int64_t g) {
+      const int64_t strip = r / l.rows_per_strip();
+      return table[strip * l.gscale_floats_per_strip() + (g * 2 + half) * l.lanes];
+    };
+    for (int src = 0; src < 2; ++src)
+      for (int64_t rb = la / 128; rb < (lb + 127) / 128; ++rb)
+        for (int64_t g = 0; g < hb; ++g)
+          w13_scale[(src * ir / 128 + (sh.i_begin / 128 + rb - i0 / 128)) * hb + g] =
+              gscale(sh.gu, gb, src, rb * 128, g);
+    const float* gd = gb + sh.gu.gscale_floats();
+    for (int64_t rb = 0; rb < hb; ++rb)
+      for (int64_t g = la / 128; g < (lb + 127) / 128; ++g)
+        w2_scale[rb * (ir / 128) + (sh.i_begin / 128 + g - i0 / 128)] =
+            gscale(sh.down, gd, 0, rb * 128, g);
+  }
+}
+
 }  // namespace ktjit

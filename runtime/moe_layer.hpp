@@ -126,6 +126,14 @@ class MoELayer {
     const float *gate_scale, *up_scale, *down_scale;
   };
   void load_experts_fp8(const std::vector<Fp8ExpertSource>& experts, ThreadPool& pool);
+  // Writes expert `slot` back in its checkpoint encoding for GPU rank `rank` of `tp` (SGLang's
+  // write_weight_scale_to_buffer): w13 = [gate rows; up rows] of the rank's I/tp slice ([2*I/tp,
+  // H]), w2 = the rank's column slice of down ([H, I/tp]). BF16: bf16 bytes, no scales. FP8: e4m3
+  // bytes and fp32 block scales [2*I/tp/128, ceil(H/128)] and [ceil(H/128), I/tp/128];
+  // FP8_PERCHANNEL: fp32 row scales [2*I/tp] and [H]. Read from the packed weights (no copy of
+  // the checkpoint is kept).
+  void write_expert(int64_t slot, int tp, int rank, void* w13, float* w13_scale, void* w2,
+                    float* w2_scale) const;
   int num_shards() const { return int(shards_.size()); }
   std::pair<int64_t, int64_t> shard_range(int s) const {
     return {shards_[size_t(s)].i_begin, shards_[size_t(s)].i_end};

@@ -504,6 +504,70 @@ class KTMoEWrapper:
         return serving.sync(self, cuda_stream)
 
     # ----------------------------------------------------------------------------------------
+    def submit_write_weight_scale_to_buffer(
+        self,
+        gpu_tp_count,
+        expert_id,
+        w13_weight_ptrs,
+        w13_scale_ptrs,
+        w2_weight_ptrs,
+        w2_scale_ptrs,
+    ):
+        """Enqueue writing expert ``expert_id`` (a physical slot, as in topk_ids) in its
+        checkpoint encoding for each of ``gpu_tp_count`` GPU ranks: element r of each list is the
+        address of rank r's buffer (host memory). w13 = [gate rows; up rows] of rank r's I slice
+        ([2·I/tp, H]), w2 = down's column slice ([H, I/tp]); scales alike — FP8: fp32 128×128
+        block scales, FP8_PERCHANNEL: fp32 row scales, BF16: none (pointers ignored). Weights are
+        read back from the packed layer, bit-exact. Finish with
+        ``sync_write_weight_scale_to_buffer()``."""
+        if self.method not in ("BF16", "FP8", "FP8_PERCHANNEL"):
+            raise NotImplementedError(
+                f"write_weight_scale_to_buffer: method {self.method} keeps no checkpoint encoding "
+                "to write back (supported: BF16, FP8, FP8_PERCHANNEL)"
+            )
+        if self.moe is None:
+            raise RuntimeError("write_weight_scale_to_buffer: weights are not loaded")
+        tp = int(gpu_tp_count)
+        lists = {
+            "w13_weight_ptrs": w13_weight_ptrs,
+            "w13_scale_ptrs": w13_scale_ptrs,
+            "w2_weight_ptrs": w2_weight_ptrs,
+            "w2_scale_ptrs": w2_scale_ptrs,
+        }
+        ptrs = {}
+        for name, v in lists.items():
+            v = [int(p) for p in (v if v is not None else [])]
+            if name.endswith("scale_ptrs") and self.method == "BF16" and not v:
+                v = [0] * tp
+            if len(v) != tp:
+                raise ValueError(
+                    f"{name}: expected {tp} addresses (gpu_tp_count={tp}), got {len(v)}"
+                )
+            ptrs[name] = v
+        for name in ("w13_weight_ptrs", "w2_weight_ptrs"):
+            if any(p == 0 for p in ptrs[name]):
+                raise ValueError(f"{name}: null address")
+        moe, slot = self.moe, int(expert_id)
+
+        def task():
+            for r in range(tp):
+                moe.write_expert(
+                    slot,
+                    tp,
+                    r,
+                    ptrs["w13_weight_ptrs"][r],
+                    ptrs["w13_scale_ptrs"][r],
+                    ptrs["w2_weight_ptrs"][r],
+                    ptrs["w2_scale_ptrs"][r],
+                )
+
+        serving.get_queue().submit(task)
+
+    def sync_write_weight_scale_to_buffer(self):
+        """Wait for the writes submitted so far; raises a write's error here."""
+        serving.get_queue().sync()
+
+    # ----------------------------------------------------------------------------------------
     @staticmethod
     def set_capture_batch_sizes(capture_bs: List[int]):
         """Batch sizes whose staging buffers are kept (kt-kernel: CUDA-graph capture sizes)."""
