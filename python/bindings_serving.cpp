@@ -5,10 +5,13 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -16,6 +19,7 @@
 
 #include "formats/convert.hpp"
 #include "python/py_moe_layer.hpp"
+#include "runtime/cuda_bridge.hpp"
 #include "runtime/task_queue.hpp"
 
 namespace py = pybind11;
@@ -59,16 +63,14 @@ struct PyTaskQueue {
   }
 };
 
-uint64_t submit_forward(PyTaskQueue& self, py::object layer_obj, int64_t T, uintptr_t x,
-                        uintptr_t ids, uintptr_t w, uintptr_t mask, uintptr_t out, bool incremental,
-                        int64_t chunk, py::object keepalive) {
-  PyMoELayer& pl = layer_obj.cast<PyMoELayer&>();
-  if (!pl.layer) throw std::invalid_argument("submit_forward: the layer has no native state");
-  if (T < 0) throw std::invalid_argument("submit_forward: T must be >= 0");
-  MoELayer* layer = pl.layer.get();
+// The forward task of one submit: layer.forward over T rows in chunks; incremental adds the
+// result into out. Pointers are raw: their owners are kept alive by the caller.
+std::function<void()> forward_task(MoELayer* layer, int64_t T, uintptr_t x, uintptr_t ids,
+                                   uintptr_t w, uintptr_t mask, uintptr_t out, bool incremental,
+                                   int64_t chunk) {
   const int64_t H = layer->shape().hidden, K = layer->shape().top_k;
   if (chunk <= 0) chunk = T > 0 ? T : 1;
-  auto task = [=] {
+  return [=] {
     if (T == 0) return;
     std::lock_guard<std::mutex> lock(pool_mutex());
     ThreadPool& pool = ThreadPool::global();
@@ -90,11 +92,62 @@ uint64_t submit_forward(PyTaskQueue& self, py::object layer_obj, int64_t T, uint
     if (incremental)
       for (int64_t i = 0, n = T * H; i < n; ++i) dst[i] += res[i];
   };
+}
+
+MoELayer* native_layer(py::object& layer_obj) {
+  PyMoELayer& pl = layer_obj.cast<PyMoELayer&>();
+  if (!pl.layer) throw std::invalid_argument("submit_forward: the layer has no native state");
+  return pl.layer.get();
+}
+
+uint64_t submit_forward(PyTaskQueue& self, py::object layer_obj, int64_t T, uintptr_t x,
+                        uintptr_t ids, uintptr_t w, uintptr_t mask, uintptr_t out, bool incremental,
+                        int64_t chunk, py::object keepalive) {
+  MoELayer* layer = native_layer(layer_obj);
+  if (T < 0) throw std::invalid_argument("submit_forward: T must be >= 0");
   self.release_done();
-  const uint64_t seq = self.q->submit(std::move(task));
+  const uint64_t seq =
+      self.q->submit(forward_task(layer, T, x, ids, w, mask, out, incremental, chunk));
   self.hold(seq, layer_obj);
   self.hold(seq, std::move(keepalive));
   return seq;
+}
+
+// One forward enqueued in CUDA stream order (kt-kernel's submit_with_cuda_stream /
+// sync_with_cuda_stream): launch_submit puts a host callback on the stream that enqueues the
+// forward when the stream reaches it (after the staging copies before it); launch_wait puts one
+// that blocks the stream until that forward has finished (so the output copy after it sees the
+// result). Both callbacks read only this object, so a captured CUDA graph replays them as they
+// are. The owner (Python) keeps it, its layer and its buffers alive while callbacks may run.
+struct StreamForward {
+  TaskQueue* q = nullptr;
+  py::object queue_obj, layer_obj, buffers;  // owners of the raw pointers below
+  std::function<void()> task;
+  std::atomic<uint64_t> seq{0};
+  std::mutex mu;
+  std::string error;  // the failure of the last forward, raised by take_error()
+
+  static void on_submit(void* p) {
+    auto* f = static_cast<StreamForward*>(p);
+    f->seq.store(f->q->submit(f->task), std::memory_order_release);
+  }
+  static void on_wait(void* p) {
+    auto* f = static_cast<StreamForward*>(p);
+    try {
+      f->q->wait(f->seq.load(std::memory_order_acquire));
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(f->mu);
+      f->error = e.what();
+    }
+  }
+};
+
+CudaRuntime& cuda_runtime() {
+  CudaRuntime* rt = CudaRuntime::get();
+  if (!rt)
+    throw std::runtime_error("cuda_stream: a non-zero stream needs the CUDA runtime; " +
+                             CudaRuntime::load_error());
+  return *rt;
 }
 
 // The decode fast path: validates nothing the Python side has not (it checks a cached signature
@@ -147,6 +200,61 @@ uint64_t submit_callable(PyTaskQueue& self, py::object fn) {
 }  // namespace
 
 void register_serving(py::module_& m) {
+  m.def(
+      "cuda_runtime",
+      [] {
+        CudaRuntime* rt = CudaRuntime::get();
+        return rt ? py::object(py::str(rt->path())) : py::object(py::none());
+      },
+      "The CUDA runtime library the stream bridge uses, or None (see cuda_runtime_error()).");
+  m.def("cuda_runtime_error", &CudaRuntime::load_error);
+  m.def(
+      "cuda_stream_synchronize",
+      [](uintptr_t stream) {
+        CudaRuntime& rt = cuda_runtime();
+        py::gil_scoped_release release;
+        rt.stream_synchronize(reinterpret_cast<void*>(stream));
+      },
+      py::arg("stream"));
+  py::class_<StreamForward>(m, "StreamForward",
+                            "A forward run in CUDA stream order through host callbacks "
+                            "(cudaLaunchHostFunc); see kt_jit.serving.")
+      .def(py::init([](py::object queue_obj, py::object layer_obj, int64_t T, uintptr_t x,
+                       uintptr_t ids, uintptr_t w, uintptr_t mask, uintptr_t out, bool incremental,
+                       int64_t chunk, py::object buffers) {
+             auto f = std::make_unique<StreamForward>();
+             f->q = queue_obj.cast<PyTaskQueue&>().q.get();
+             if (T <= 0) throw std::invalid_argument("StreamForward: T must be > 0");
+             f->task =
+                 forward_task(native_layer(layer_obj), T, x, ids, w, mask, out, incremental, chunk);
+             f->queue_obj = std::move(queue_obj);
+             f->layer_obj = std::move(layer_obj);
+             f->buffers = std::move(buffers);
+             return f;
+           }),
+           py::arg("queue"), py::arg("layer"), py::arg("T"), py::arg("x_ptr"), py::arg("ids_ptr"),
+           py::arg("w_ptr"), py::arg("mask_ptr"), py::arg("out_ptr"), py::arg("incremental"),
+           py::arg("chunk"), py::arg("buffers"))
+      .def(
+          "launch_submit",
+          [](StreamForward& f, uintptr_t stream) {
+            cuda_runtime().launch_host_func(reinterpret_cast<void*>(stream),
+                                            &StreamForward::on_submit, &f);
+          },
+          py::arg("stream"))
+      .def(
+          "launch_wait",
+          [](StreamForward& f, uintptr_t stream) {
+            cuda_runtime().launch_host_func(reinterpret_cast<void*>(stream),
+                                            &StreamForward::on_wait, &f);
+          },
+          py::arg("stream"))
+      .def("take_error", [](StreamForward& f) {
+        std::lock_guard<std::mutex> lock(f.mu);
+        std::string e;
+        std::swap(e, f.error);
+        return e;
+      });
   py::class_<PyTaskQueue>(m, "TaskQueue",
                           "One worker thread running submitted tasks in order (kt-kernel's "
                           "CPUInfer queue). Errors inside a task are raised at the next sync/wait.")

@@ -21,6 +21,7 @@ kt-kernel. Otherwise the deferred contribution is dropped (SGLang sets d = 0 on 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import threading
 from typing import List, Optional, Tuple
@@ -74,11 +75,15 @@ class _Buffers:
 
     def __init__(self, T: int, H: int, K: int):
         self.key = (T, H, K)
-        self.x = [torch.empty(T, H, dtype=torch.float32) for _ in range(2)]
-        self.ids = [torch.empty(T, K, dtype=torch.int64) for _ in range(2)]
-        self.ids_deferred = [torch.full((T, K), -1, dtype=torch.int64) for _ in range(2)]
-        self.w = [torch.empty(T, K, dtype=torch.float32) for _ in range(2)]
-        self.out = [torch.zeros(T, H, dtype=torch.float32) for _ in range(2)]
+        # Page-locked when CUDA is present, so stream-ordered copies to and from the GPU are
+        # asynchronous.
+        pin = torch.cuda.is_available()
+        f32, i64 = torch.float32, torch.int64
+        self.x = [torch.empty(T, H, dtype=f32, pin_memory=pin) for _ in range(2)]
+        self.ids = [torch.empty(T, K, dtype=i64, pin_memory=pin) for _ in range(2)]
+        self.ids_deferred = [torch.full((T, K), -1, dtype=i64, pin_memory=pin) for _ in range(2)]
+        self.w = [torch.empty(T, K, dtype=f32, pin_memory=pin) for _ in range(2)]
+        self.out = [torch.zeros(T, H, dtype=f32, pin_memory=pin) for _ in range(2)]
         # per slot: (x, ids, w, out) data pointers, for the staged fast path
         self.ptrs = [
             (
@@ -136,7 +141,7 @@ def select_deferred_experts(
     E = int(num_experts)
     T, K = ids.shape
     valid = (ids >= 0) & (ids < E)
-    protected = torch.zeros(E + 1, dtype=torch.bool)  # index E collects invalid ids
+    protected = torch.zeros(E + 1, dtype=torch.bool, device=ids.device)  # E: invalid ids
     k = min(int(protected_k), K)
     if k > 0 and T > 0:
         top = torch.topk(weights, k, dim=1).indices
@@ -196,6 +201,9 @@ def _fast_path(wrapper, x, ids, w, cuda_stream):
         and x.dtype in _FLOAT_CODE
         and w.dtype in _FLOAT_CODE
         and ids.dtype in _IDS_INT32
+        and x.is_cpu
+        and ids.is_cpu
+        and w.is_cpu
         and x.is_contiguous()
         and ids.is_contiguous()
         and w.is_contiguous()
@@ -257,6 +265,9 @@ def submit(wrapper, hidden_states, topk_ids, topk_weights, cuda_stream) -> None:
         wrapper._pending = (seq, bufs, slot, T, hidden_states.dtype)
         return
     T, x, ids, w, out_dtype = wrapper._prepare(hidden_states, topk_ids, topk_weights, cuda_stream)
+    stream = _stream_handle(x, cuda_stream)
+    if stream is not None:
+        return _submit_stream(wrapper, T, x, ids, w, out_dtype, stream)
     H, K, E = wrapper.hidden_size, wrapper.num_experts_per_tok, wrapper.num_experts
     layer_idx = wrapper.layer_idx
     wrapper._pending = None
@@ -323,6 +334,8 @@ def sync(wrapper, cuda_stream=None) -> torch.Tensor:
     if pending is None:
         raise RuntimeError("sync_forward: no forward was submitted (call submit_forward first)")
     wrapper._pending = None
+    if isinstance(pending[0], _StreamEntry):
+        return _sync_stream(wrapper, *pending)
     seq, bufs, slot, T, out_dtype = pending
     H = wrapper.hidden_size
     if seq == 0:
@@ -330,3 +343,150 @@ def sync(wrapper, cuda_stream=None) -> torch.Tensor:
     get_queue().wait(seq)
     out = bufs.out[slot]
     return out.clone() if out_dtype == torch.float32 else out.to(out_dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Stream order (kt-kernel's submit_with_cuda_stream / sync_with_cuda_stream).
+#
+# With CUDA tensors (or any non-zero cuda_stream) the forward runs in the stream's order: the
+# staging copies are enqueued on the stream (asynchronous, into page-locked buffers), then a host
+# callback that enqueues the CPU forward; sync_forward enqueues a host callback that blocks the
+# stream until that forward is done, then the copy of the result back to the device. Nothing here
+# waits on the host, so the sequence can be captured into a CUDA graph; each callback reads a
+# fixed _core.StreamForward per (wrapper, buffer set, slot), which a replay reuses as it is. The
+# CUDA runtime is found with dlopen at first use (see runtime/cuda_bridge.hpp).
+# An error inside a stream-ordered forward cannot reach the caller at once (the host has moved
+# on); it is raised by the next sync_forward of the same wrapper, or at once for CPU tensors.
+
+
+class _StreamEntry:
+    __slots__ = ("bufs", "mask", "moe", "fwd")
+
+    def __init__(self, bufs, mask, moe, fwd):
+        self.bufs, self.mask, self.moe, self.fwd = bufs, mask, moe, fwd
+
+
+def _stream_handle(x, cuda_stream):
+    """The stream to order the forward on, or None for the plain (host) path."""
+    if cuda_stream is not None and int(cuda_stream) != 0:
+        return int(cuda_stream)
+    if x.device.type == "cuda":
+        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    return None
+
+
+def _stream_ctx(device, stream):
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device))
+
+
+def _stream_entry(wrapper, kind, slot, incremental, bufs, mask, stream, make):
+    """The StreamForward for this (kind, slot, incremental), rebuilt when its buffers, mask
+    object or layer changed. A replaced one may still be referenced by callbacks on the stream, so
+    the stream is drained before it is dropped (never the case inside a graph capture, where the
+    buffers are the fixed capture-size ones)."""
+    key = (kind, slot, incremental)
+    e = wrapper._stream_forwards.get(key)
+    if e is not None and e.bufs is bufs and e.mask is mask and e.moe is wrapper.moe:
+        return e
+    if e is not None:
+        _core.cuda_stream_synchronize(stream)
+    e = _StreamEntry(bufs, mask, wrapper.moe, make())
+    wrapper._stream_forwards[key] = e
+    return e
+
+
+def _raise_stream_errors(wrapper):
+    for e in wrapper._stream_forwards.values():
+        msg = e.fwd.take_error()
+        if msg:
+            raise RuntimeError(f"a stream-ordered forward failed: {msg}")
+
+
+def _submit_stream(wrapper, T, x, ids, w, out_dtype, stream) -> None:
+    global _carry
+    if _core.cuda_runtime() is None:
+        raise RuntimeError(
+            f"cuda_stream: ordering a forward on stream {stream:#x} needs the CUDA runtime; "
+            f"{_core.cuda_runtime_error()}"
+        )
+    _raise_stream_errors(wrapper)
+    H, K, E = wrapper.hidden_size, wrapper.num_experts_per_tok, wrapper.num_experts
+    layer_idx = wrapper.layer_idx
+    mask = wrapper._mask_for_forward()
+    mask_ptr = 0 if mask is None else mask.data_ptr()
+    d = int(wrapper.max_deferred_experts_per_token or 0)
+    chunk = int(wrapper.chunked_prefill_size)
+    q = get_queue()
+    with _lock:
+        bufs = _buffers(T, H, K)
+        slot = layer_idx % 2
+        incremental = _carry is not None and _carry[0] == layer_idx and _carry[1] is bufs
+        _carry = None
+        xb, wb, ob = bufs.x[slot], bufs.w[slot], bufs.out[slot]
+        with _stream_ctx(x.device, stream):
+            xb.copy_(x, non_blocking=True)
+            wb.copy_(w, non_blocking=True)
+            if d > 0:
+                immediate, deferred = select_deferred_experts(ids, w, E, K - d)
+                bufs.ids[slot].copy_(immediate, non_blocking=True)
+                bufs.ids_deferred[slot].copy_(deferred, non_blocking=True)
+            else:
+                bufs.ids[slot].copy_(ids, non_blocking=True)
+
+        def make(ids_t, out_t, inc):
+            return lambda: _core.StreamForward(
+                q,
+                wrapper.moe,
+                T,
+                xb.data_ptr(),
+                ids_t.data_ptr(),
+                wb.data_ptr(),
+                mask_ptr,
+                out_t.data_ptr(),
+                inc,
+                chunk,
+                (bufs, mask),
+            )
+
+        main = _stream_entry(
+            wrapper,
+            "main",
+            slot,
+            incremental,
+            bufs,
+            mask,
+            stream,
+            make(bufs.ids[slot], ob, incremental),
+        )
+        main.fwd.launch_submit(stream)
+        if d > 0:
+            other = bufs.out[1 - slot]
+            deferred_e = _stream_entry(
+                wrapper,
+                "deferred",
+                slot,
+                False,
+                bufs,
+                mask,
+                stream,
+                make(bufs.ids_deferred[slot], other, False),
+            )
+            deferred_e.fwd.launch_submit(stream)
+            _carry = (layer_idx + 1, bufs)
+    wrapper._pending = (main, slot, T, out_dtype, x.device, stream)
+
+
+def _sync_stream(wrapper, entry, slot, T, out_dtype, device, stream) -> torch.Tensor:
+    entry.fwd.launch_wait(stream)
+    ob = entry.bufs.out[slot]
+    if device.type == "cuda":
+        with _stream_ctx(device, stream):
+            out = torch.empty((T, wrapper.hidden_size), dtype=out_dtype, device=device)
+            out.copy_(ob, non_blocking=True)
+        return out
+    # CPU tensors ordered on a stream: the result is needed now.
+    _core.cuda_stream_synchronize(stream)
+    _raise_stream_errors(wrapper)
+    return ob.clone() if out_dtype == torch.float32 else ob.to(out_dtype)

@@ -40,10 +40,7 @@ MODES = ("inference", "sft")
 
 _WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
-_SERVING_ISSUE = (
-    "CUDA tensors and CUDA streams are not supported yet: they arrive with the serving "
-    "(CUDA-stream bridge) issue; pass CPU tensors and cuda_stream=None/0"
-)
+_DEVICE_HELP = "pass CPU tensors, or CUDA tensors with their stream (cuda_stream)"
 
 _pool_lock = threading.Lock()
 _pool_state: Optional[dict] = None
@@ -231,6 +228,7 @@ class KTMoEWrapper:
         # serving's fast path: the last input signature that passed _prepare, and the mask object
         # last validated
         self._fast_sig = None
+        self._stream_forwards = {}  # (kind, slot, incremental) -> serving._StreamEntry
         self._mask_checked, self._mask_checked_ptr = None, 0
 
     # ----------------------------------------------------------------------------------------
@@ -436,10 +434,14 @@ class KTMoEWrapper:
             ("topk_ids", topk_ids),
             ("topk_weights", topk_weights),
         ):
-            if t.device.type != "cpu":
-                raise NotImplementedError(f"{name}: on device {t.device}; {_SERVING_ISSUE}")
-        if cuda_stream is not None and int(cuda_stream) != 0:
-            raise NotImplementedError(f"cuda_stream: got {cuda_stream}; {_SERVING_ISSUE}")
+            if t.device.type not in ("cpu", "cuda"):
+                raise NotImplementedError(f"{name}: on device {t.device}; {_DEVICE_HELP}")
+        devices = {hidden_states.device, topk_ids.device, topk_weights.device}
+        if len(devices) != 1:
+            raise ValueError(
+                "hidden_states, topk_ids, topk_weights: expected one device, got "
+                + ", ".join(sorted(str(d) for d in devices))
+            )
         if not hidden_states.dtype.is_floating_point:
             raise TypeError(
                 f"hidden_states: expected a floating-point dtype (bfloat16, float16, float32), "
@@ -492,8 +494,6 @@ class KTMoEWrapper:
     def sync_forward(self, hidden_states=None, cuda_stream=None) -> torch.Tensor:
         """Wait for the last submit_forward and return its result: [T, H] in hidden_states' dtype
         (a new tensor). Errors raised inside the task are raised here."""
-        if cuda_stream is not None and int(cuda_stream) != 0:
-            raise NotImplementedError(f"cuda_stream: got {cuda_stream}; {_SERVING_ISSUE}")
         return serving.sync(self, cuda_stream)
 
     def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None) -> torch.Tensor:
