@@ -12,7 +12,7 @@ commands:
   doctor    CPU model, selected ISA, why higher levels were refused, and a kernel self-test
   dump      generate and show the JIT kernels of one MoE layer (same as kt-jit-dump)
   bench     MoE forward benchmark
-  convert   convert a checkpoint into kt-jit's weight artifact (not built yet)
+  convert   convert a Hugging Face checkpoint into kt-jit's weight artifact (AMXINT8/AMXINT4)
 """
 
 #: ISA levels, highest first, and the CPU features each one needs (x86-64).
@@ -92,8 +92,6 @@ def _refusal_reason(level: str, features: dict, runnable: List[str]) -> str:
             missing = ", ".join(str(m) for m in missing)
         if missing:
             return f"missing {missing}"
-    if level == "amx" and features.get("detected_isa") == "amx":
-        return "AMX kernels are not generated yet"
     missing, unknown = [], []
     for feat in LEVEL_FEATURES.get(level, ()):
         val = _lookup(features, feat)
@@ -139,7 +137,7 @@ def _self_test(isa: str, method: str = "AMXINT8") -> str:
         layer.load_experts_fp8(slots, *[[t[e].data_ptr() for e in slots] for t in mats + scales])
     else:
         layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), "f32", 0)
-    for T in (5, 60):
+    for T in (5, 60, 160):  # 160: >= 16 rows per expert, so amx runs its AMX tiles
         x = torch.randn(T, H, generator=g)
         ids = torch.randint(0, E, (T, K), generator=g, dtype=torch.int64)
         w = torch.rand(T, K, generator=g)
@@ -151,6 +149,48 @@ def _self_test(isa: str, method: str = "AMXINT8") -> str:
             diff = (out - ref).abs().max().item()
             return f"T={T}: max |jit - reference| = {diff:.3g}"
     return ""
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _system_lines() -> List[str]:
+    """NUMA nodes with their CPUs and memory, transparent and explicit huge pages (Linux)."""
+    import glob
+    import os
+
+    lines = [
+        f"cpus online: {os.cpu_count()}, usable by this process: {len(os.sched_getaffinity(0))}"
+    ]
+    nodes = sorted(
+        glob.glob("/sys/devices/system/node/node[0-9]*"),
+        key=lambda p: int(os.path.basename(p)[4:]),
+    )
+    if not nodes:
+        lines.append("numa: no /sys/devices/system/node (one node assumed)")
+    for n in nodes:
+        mem = _read(f"{n}/meminfo").splitlines()
+        total = next((x.split()[-2] for x in mem if "MemTotal" in x), "?")
+        gib = f"{int(total) / 2**20:.1f} GiB" if total.isdigit() else "? GiB"
+        lines.append(f"numa {os.path.basename(n)}: cpus {_read(n + '/cpulist') or '?'}, {gib}")
+    thp = _read("/sys/kernel/mm/transparent_hugepage/enabled") or "unavailable"
+    defrag = _read("/sys/kernel/mm/transparent_hugepage/defrag") or "unavailable"
+    lines.append(f"transparent huge pages: enabled {thp}; defrag {defrag}")
+    meminfo = {
+        x.split(":")[0]: x.split(":")[1].strip()
+        for x in _read("/proc/meminfo").splitlines()
+        if ":" in x
+    }
+    lines.append(
+        f"huge pages: {meminfo.get('HugePages_Total', '?')} x {meminfo.get('Hugepagesize', '?')}, "
+        f"anonymous huge pages in use {meminfo.get('AnonHugePages', '?')}"
+    )
+    return lines
 
 
 def cmd_doctor(argv: List[str]) -> int:
@@ -175,6 +215,9 @@ def cmd_doctor(argv: List[str]) -> int:
         print("higher levels:")
         for level in higher:
             print(f"  {level:<12} refused: {_refusal_reason(level, feats, runnable)}")
+    print("system:")
+    for line in _system_lines():
+        print(f"  {line}")
     print("probe:")
     for key in sorted(feats, key=str):
         if key == "refused":
@@ -212,12 +255,9 @@ def cmd_bench(argv: List[str]) -> int:
 
 
 def cmd_convert(argv: List[str]) -> int:
-    print(
-        "kt-jit convert: not built yet (the converter arrives with the weight formats work); "
-        "load weights with KTMoEWrapper.load_weights_from_tensors for now",
-        file=sys.stderr,
-    )
-    return 2
+    from . import convert
+
+    return convert.main(argv)
 
 
 COMMANDS = {

@@ -404,6 +404,9 @@ def test_doctor_cli(tmp_path):
     for isa in _core.runnable_isas():
         assert f"{isa}" in proc.stdout
     assert "FAIL" not in proc.stdout
+    # the system section: NUMA nodes with their CPUs, huge-page state
+    assert "numa " in proc.stdout and "transparent huge pages:" in proc.stdout
+    assert "huge pages:" in proc.stdout
 
 
 def test_startup_log_line(tmp_path):
