@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Regenerates docs/BENCHMARKS.md: kernel microbenchmarks and `kt-jit bench` for every built method
 # (1 thread, the primary figure, and 2 threads for INT8), each against the limits measured in the
-# same process. Takes about 15 minutes on a 2-core machine; run it on a quiet machine.
+# same process, with torch and, where installed (tools/peers/setup_peers.sh), kt-kernel and oneDNN
+# as peers in the same run. Takes about 15 minutes on a 2-core machine without the kt-kernel and
+# oneDNN peers (they add their own runs); run it on a quiet machine.
 #   bash tools/bench_all.sh            (needs the package installed and build/ configured)
+#   PEERS=0 bash tools/bench_all.sh    (torch as the only peer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -22,8 +25,26 @@ isa=$("$PYTHON" -c "from kt_jit import _core; print(_core.isa())")
 kernels "$isa" >"$tmp/kernels.txt"
 [ "$isa" != "avx2" ] && kernels avx2 >>"$tmp/kernels.txt"
 
+# Peers beside torch (bench only; bash tools/peers/setup_peers.sh installs them): kt-kernel from
+# PyPI in its own venv and oneDNN matmul. Each is left out when not installed; PEERS=0 leaves both
+# out. With oneDNN, the int8 and bf16 runs add T = BIG_T (4096: 256 rows per expert, oneDNN's
+# M = 256 check; BIG_T= to skip).
+KTK_PYTHON="${KTK_PYTHON:-/opt/ktk-venv/bin/python}"
+BIG_T="${BIG_T-4096}"
+peers=()
+if [ "${PEERS:-1}" != 0 ]; then
+  [ -x "$KTK_PYTHON" ] && peers+=(--ktkernel-peer "$KTK_PYTHON")
+  [ -f /usr/include/oneapi/dnnl/dnnl.hpp ] && command -v g++ >/dev/null && peers+=(--onednn-peer)
+  [ ${#peers[@]} -gt 0 ] && peers+=(--peers-dir "$PWD/tools/peers")
+fi
 for m in AMXINT8 AMXINT4 BF16 FP8; do
-  (cd /tmp && "$PYTHON" -m kt_jit.bench --method "$m" --torch-peer --markdown "$tmp/$m.md" >/dev/null)
+  extra=()
+  case " ${peers[*]-} " in
+  *" --onednn-peer "*) [ -n "$BIG_T" ] && [[ $m == AMXINT8 || $m == BF16 ]] &&
+    extra=(--tokens "1,4,16,64,256,1024,$BIG_T") ;;
+  esac
+  (cd /tmp && "$PYTHON" -m kt_jit.bench --method "$m" --torch-peer ${peers[@]+"${peers[@]}"} \
+    ${extra[@]+"${extra[@]}"} --markdown "$tmp/$m.md" >/dev/null)
 done
 (cd /tmp && "$PYTHON" -m kt_jit.bench --method AMXINT8 --threads 2 --markdown "$tmp/2t.md" >/dev/null)
 

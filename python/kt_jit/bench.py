@@ -11,6 +11,15 @@ touched / time), Gop/s (2 per multiply-accumulate), and roof% = max(bytes / read
 time with the limits of the same run (peak = vpdpbusd at VNNI levels, the vpmaddubsw sequence
 otherwise; scaled by the thread count). Speed is reported, never asserted.
 
+Peers, each only when asked for and installed (otherwise skipped with the reason printed), run
+right after the kt-jit rows in the same process and time window, against the same limits:
+``--torch-peer`` (torch bf16 eager MoE), ``--ktkernel-peer [PYTHON]`` (kt-kernel from PyPI in its
+own virtual environment, tools/peers/ktkernel_bench.py, same shape, weights, routing and layer
+rotation) and ``--onednn-peer`` (oneDNN matmul on the expert's matrices, tools/peers/
+onednn_bench.cpp, built on demand with ``g++ ... -ldnnl``). tools/peers/setup_peers.sh installs
+the last two. Ratios printed: kt-jit vs kt-kernel per T; kt-jit vs oneDNN at matching rows per
+expert (M = T·top_k / experts touched): weight bandwidth at M = 1, throughput at larger M.
+
 Usage: ``kt-jit bench [--tokens 1,4,16] [--threads 1] [--json PATH] [--markdown PATH]``
 or ``python -m kt_jit.bench ...``.
 """
@@ -24,8 +33,11 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional
 
@@ -51,6 +63,258 @@ WEIGHT_NAME = {
     "FP8": "fp8",
     "FP8_PERCHANNEL": "fp8",
 }
+
+
+#: kt-jit method -> oneDNN matmul of the same weight precision (oneDNN 2.6 has no int4/fp8 weights).
+ONEDNN_DTYPE = {"AMXINT8": "int8", "MOE_INT8": "int8", "BF16": "bf16"}
+ONEDNN_MS = (1, 4, 16, 64, 256, 1024)
+#: Issue #5 item 4: kt-jit's weight bandwidth at M = 1 over oneDNN's, and throughput at M = 256.
+ONEDNN_M1_TARGET = {"bf16": 1.5, "int8": 1.15}
+ONEDNN_M256_TARGET = 0.95
+#: Methods tools/peers/ktkernel_bench.py maps onto a kt-kernel class.
+KTKERNEL_METHODS = ("AMXINT8", "AMXINT4", "BF16", "FP8", "FP8_PERCHANNEL", "MOE_INT8", "MOE_INT4")
+KTKERNEL_PYTHON = "/opt/ktk-venv/bin/python"
+
+
+def parse_peer_json(text: str) -> Dict:
+    """A peer's JSON document out of its stdout: the last line that opens with ``{"peer"`` (peers'
+    libraries print lines of their own before and after it)."""
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i].lstrip()
+        if line.startswith("{") and line[1:].lstrip().startswith('"peer"'):
+            doc, _ = json.JSONDecoder().raw_decode("\n".join([line] + lines[i + 1 :]))
+            return doc
+    raise ValueError("no peer JSON document in the output")
+
+
+def ktkernel_ratios(results: List[Dict], doc: Dict) -> List[Dict]:
+    """Adds ktkernel_us and speedup_vs_ktkernel (kt-kernel time / kt-jit time) to kt-jit's rows
+    that kt-kernel also ran; returns the pairs."""
+    by_t = {int(p["tokens"]): p for p in doc.get("results", [])}
+    pairs = []
+    for r in results:
+        p = by_t.get(int(r["tokens"]))
+        if not p or not p.get("us") or not r.get("us"):
+            continue
+        r["ktkernel_us"] = float(p["us"])
+        r["speedup_vs_ktkernel"] = float(p["us"]) / float(r["us"])
+        pairs.append(
+            {
+                "tokens": r["tokens"],
+                "ktjit_us": r["us"],
+                "ktkernel_us": r["ktkernel_us"],
+                "speedup": r["speedup_vs_ktkernel"],
+                "ktkernel_weight_gbs": p.get("weight_gbs"),
+            }
+        )
+    return pairs
+
+
+def onednn_expert(doc: Dict, hidden: int, inter: int, dtype: str) -> Dict[int, Dict]:
+    """oneDNN's time for one expert at each M: gate and up (N = I, K = H) twice plus down
+    (N = H, K = I), with its weight GB/s and Gop/s."""
+    rows = {}
+    for r in doc.get("results", []):
+        if r.get("dtype") == dtype:
+            rows[(int(r["n"]), int(r["k"]), int(r["m"]))] = r
+    out = {}
+    for m in sorted({key[2] for key in rows}):
+        gu, dn = rows.get((inter, hidden, m)), rows.get((hidden, inter, m))
+        if not gu or not dn:
+            continue
+        us = 2.0 * float(gu["us"]) + float(dn["us"])
+        wbytes = 2.0 * float(gu["weight_bytes"]) + float(dn["weight_bytes"])
+        out[m] = {
+            "m": m,
+            "us": us,
+            "weight_gbs": wbytes / us / 1e3,
+            "gops": 2.0 * m * 3 * hidden * inter / us / 1e3,
+            "impl": gu.get("impl", "?"),
+            "weights_format": gu.get("weights_format", "?"),
+        }
+    return out
+
+
+def onednn_ratios(results: List[Dict], expert: Dict[int, Dict], top_k: int, tol: float = 1.25):
+    """Pairs kt-jit rows with oneDNN's expert at the M closest to the rows per expert of that row
+    (T·top_k / experts touched, within a factor ``tol``). ratio = kt-jit's weight GB/s over
+    oneDNN's for M <= 4 (bandwidth-bound), Gop/s over Gop/s above."""
+    pairs = []
+    for r in results:
+        touched = max(1, int(r.get("experts_touched") or 0))
+        m_eff = r["tokens"] * top_k / touched
+        best = None
+        for m in expert:
+            q = max(m, m_eff) / min(m, m_eff)
+            if q <= tol and (best is None or q < best[0]):
+                best = (q, m)
+        if best is None:
+            continue
+        o = expert[best[1]]
+        bw = r["weight_gbs"] / o["weight_gbs"] if o["weight_gbs"] else float("nan")
+        thr = r["gops"] / o["gops"] if o["gops"] else float("nan")
+        pairs.append(
+            {
+                "tokens": r["tokens"],
+                "m_eff": m_eff,
+                "m": best[1],
+                "onednn_expert_us": o["us"],
+                "onednn_weight_gbs": o["weight_gbs"],
+                "onednn_gops": o["gops"],
+                "ktjit_weight_gbs": r["weight_gbs"],
+                "ktjit_gops": r["gops"],
+                "bw_ratio": bw,
+                "gops_ratio": thr,
+                "ratio": bw if best[1] <= 4 else thr,
+            }
+        )
+    return pairs
+
+
+def peer_acceptance(
+    ktk_pairs: Optional[List[Dict]],
+    onednn_pairs: Optional[List[Dict]],
+    dtype: Optional[str],
+    experts: int,
+    top_k: int,
+) -> List[Dict]:
+    """Issue #5 item 4's checks that this run can answer: faster than kt-kernel at T = 1 and
+    T = 1024; >= 1.5x (bf16) / 1.15x (int8) oneDNN's weight bandwidth at M = 1; within 5 % of
+    oneDNN's throughput at M = 256. ok is None where the run has no row for it."""
+    out = []
+    if ktk_pairs is not None:
+        by_t = {p["tokens"]: p for p in ktk_pairs}
+        for t in (1, 1024):
+            p = by_t.get(t)
+            out.append(
+                {
+                    "check": f"faster than kt-kernel at T = {t}",
+                    "value": p["speedup"] if p else None,
+                    "target": 1.0,
+                    "ok": (p["speedup"] > 1.0) if p else None,
+                }
+            )
+    if onednn_pairs is not None and dtype:
+        m1 = next((p for p in onednn_pairs if p["m"] == 1 and p["tokens"] == 1), None)
+        tgt = ONEDNN_M1_TARGET.get(dtype, 1.0)
+        out.append(
+            {
+                "check": f">= {tgt:g}x oneDNN's {dtype} weight bandwidth at M = 1 (T = 1)",
+                "value": m1["bw_ratio"] if m1 else None,
+                "target": tgt,
+                "ok": (m1["bw_ratio"] >= tgt) if m1 else None,
+            }
+        )
+        m256 = [p for p in onednn_pairs if p["m"] == 256]
+        p = min(m256, key=lambda q: abs(q["m_eff"] - 256)) if m256 else None
+        need = math.ceil(256 * experts / top_k)
+        out.append(
+            {
+                "check": f"within 5 % of oneDNN's {dtype} throughput at M = 256"
+                + (f" (T = {p['tokens']})" if p else f" (needs a row at T ~ {need})"),
+                "value": p["gops_ratio"] if p else None,
+                "target": ONEDNN_M256_TARGET,
+                "ok": (p["gops_ratio"] >= ONEDNN_M256_TARGET) if p else None,
+            }
+        )
+    return out
+
+
+def _acceptance_lines(acc: List[Dict]) -> List[str]:
+    lines = []
+    for a in acc:
+        if a["ok"] is None:
+            lines.append(f"- {a['check']}: not measured in this run")
+        else:
+            mark = "met" if a["ok"] else "NOT met"
+            lines.append(f"- {a['check']}: {a['value']:.2f}x (target {a['target']:g}x) — {mark}")
+    return lines
+
+
+def _peers_dir(arg: str = "") -> Optional[str]:
+    """tools/peers of a kt-jit checkout: --peers-dir, $KTJIT_PEERS_DIR, the tree this module sits
+    in (python/kt_jit/ -> tools/peers) or ./tools/peers."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (
+        arg,
+        os.environ.get("KTJIT_PEERS_DIR", ""),
+        os.path.join(here, "..", "..", "tools", "peers"),
+        os.path.join(os.getcwd(), "tools", "peers"),
+    ):
+        if d and os.path.isfile(os.path.join(d, "ktkernel_bench.py")):
+            return os.path.abspath(d)
+    return None
+
+
+def _run_peer(cmd: List[str], timeout: float, env: Optional[Dict] = None):
+    """Runs a peer (its stderr shows progress live); returns (doc, None) or (None, reason)."""
+    try:
+        p = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, env=env
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{type(e).__name__}: {e}"
+    for line in p.stderr.splitlines():
+        if line.startswith(("kt-kernel", "oneDNN")):
+            print("  " + line, flush=True)
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or [""])[-1]
+        return None, f"exit status {p.returncode}: {tail[-300:]}"
+    try:
+        doc = parse_peer_json(p.stdout)
+    except ValueError as e:
+        return None, str(e)
+    if doc.get("skipped"):
+        return None, str(doc["skipped"])
+    return doc, None
+
+
+def _onednn_binary(peers: Optional[str]):
+    """Builds tools/peers/onednn_bench.cpp once into the user cache; (path, None) or (None, why)."""
+    if not peers or not os.path.isfile(os.path.join(peers, "onednn_bench.cpp")):
+        return None, "tools/peers/onednn_bench.cpp not found (run from a checkout or --peers-dir)"
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        return None, "no C++ compiler (g++) on PATH"
+    src = os.path.join(peers, "onednn_bench.cpp")
+    cache = os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kt-jit", "peers"
+    )
+    out = os.path.join(cache, "onednn_bench")
+    if os.path.isfile(out) and os.path.getmtime(out) >= os.path.getmtime(src):
+        return out, None
+    os.makedirs(cache, exist_ok=True)
+    cmd = [cxx, "-O2", "-std=c++17", "-fopenmp", src, "-o", out, "-ldnnl"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        if "dnnl.hpp" in p.stdout or "-ldnnl" in p.stdout:
+            return (
+                None,
+                "oneDNN not installed (apt-get install libdnnl-dev: tools/peers/setup_peers.sh)",
+            )
+        return None, "building onednn_bench failed: " + p.stdout.strip()[-300:]
+    return out, None
+
+
+def _onednn_verbose(binary: str, dtype: str, shape: str, env: Dict) -> Dict:
+    """One verbose call: the ISA line and the implementation oneDNN's ONEDNN_VERBOSE reports."""
+    env = dict(env, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1")
+    cmd = [binary, "--dtypes", dtype, "--shapes", shape, "--ms", "1", "--reps", "1"]
+    try:
+        p = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120, env=env
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    isa, impl = "", ""
+    for line in p.stdout.splitlines():
+        f = line.split(",")
+        if len(f) > 3 and f[1] == "info" and f[3].startswith("isa:"):
+            isa = f[3][4:]
+        if len(f) > 4 and f[1] == "exec" and f[3] == "matmul":
+            impl = f[4]
+    return {"verbose_isa": isa, "verbose_impl": impl}
 
 
 def _load_layer(layer, method, gate, up, down, torch):
@@ -121,10 +385,14 @@ def _fmt(v: float, digits: int = 1) -> str:
 
 def _markdown_table(results: List[Dict]) -> str:
     peer = any("torch_us" in r for r in results)
+    ktk = any("ktkernel_us" in r for r in results)
     head = "| T | µs (median) | tokens/s | experts touched | weight GB/s | Gop/s | roof% | bound |"
     rule = "|---:|---:|---:|---:|---:|---:|---:|---|"
     if peer:
         head += " torch bf16 µs | vs torch |"
+        rule += "---:|---:|"
+    if ktk:
+        head += " kt-kernel µs | vs kt-kernel |"
         rule += "---:|---:|"
     lines = [head, rule]
     for r in results:
@@ -135,6 +403,11 @@ def _markdown_table(results: List[Dict]) -> str:
         )
         if peer:
             line += f" {_fmt(r.get('torch_us', 0))} | {r.get('speedup_vs_torch', 0):.1f}x |"
+        if ktk:
+            if "ktkernel_us" in r:
+                line += f" {_fmt(r['ktkernel_us'])} | {r['speedup_vs_ktkernel']:.2f}x |"
+            else:
+                line += " - | - |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -152,6 +425,70 @@ def _limits_lines(lim: Dict, read_bw: float, peak: float, peak_name: str, thread
             f"{_fmt(peak)} Gop/s ({threads} thread{'s' if threads != 1 else ''})",
         ]
     )
+
+
+def _onednn_table(pairs: List[Dict]) -> str:
+    lines = [
+        "| T | M per expert | oneDNN M | oneDNN expert µs | oneDNN weight GB/s | oneDNN Gop/s "
+        "| kt-jit weight GB/s | kt-jit Gop/s | kt-jit / oneDNN |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in pairs:
+        what = "GB/s" if p["m"] <= 4 else "Gop/s"
+        lines.append(
+            f"| {p['tokens']} | {p['m_eff']:.1f} | {p['m']} | {_fmt(p['onednn_expert_us'])} | "
+            f"{_fmt(p['onednn_weight_gbs'], 2)} | {_fmt(p['onednn_gops'])} | "
+            f"{_fmt(p['ktjit_weight_gbs'], 2)} | {_fmt(p['ktjit_gops'])} | "
+            f"{p['ratio']:.2f}x ({what}) |"
+        )
+    return "\n".join(lines)
+
+
+def _peers_markdown(peers: Dict, acceptance: List[Dict], dtype, H: int, I: int) -> List[str]:
+    """Markdown lines about the kt-kernel and oneDNN peers of a run (none when neither ran)."""
+    if not peers:
+        return []
+    out = ["Peers (same run, right after the kt-jit rows):", ""]
+    after = peers.get("limits_after_peers")
+    if after:
+        out.append(
+            f"- read bandwidth measured again after the peers: "
+            f"{_fmt(after.get('read_gbs_1t', 0), 2)} GB/s (1 thread), "
+            f"{_fmt(after.get('read_gbs_2t', 0), 2)} GB/s (2 threads)"
+        )
+    k = peers.get("ktkernel")
+    if k is not None:
+        if "skipped" in k:
+            out.append(f"- kt-kernel: skipped ({k['skipped']})")
+        else:
+            out.append(
+                f"- kt-kernel {k.get('version', '?')} ({k.get('variant', '?')} extension), class "
+                f"`{k.get('class', '?')}`, {k.get('threads', '?')} thread(s), threadpool_count 1, "
+                f"{k.get('layers', '?')} layers rotated, same routing: "
+                f"{'yes' if k.get('same_routing_as_ktjit') else 'no'}; rel. L1 error vs torch "
+                f"{k.get('error_rel_l1', float('nan')):.3g}; µs and ratio in the table above"
+            )
+    o = peers.get("onednn")
+    if o is not None:
+        if "skipped" in o:
+            out.append(f"- oneDNN: skipped ({o['skipped']})")
+        else:
+            ex = (o.get("expert") or [{}])[0]
+            out += [
+                f"- oneDNN {o.get('version', '?')} matmul, {dtype} "
+                + ("(u8·s8→f32, per-N scales)" if dtype == "int8" else "(bf16·bf16→f32)")
+                + f", {o.get('threads', '?')} thread(s); ISA {o.get('effective_isa', '?')} "
+                f"(verbose: {o.get('verbose_isa') or '?'}); implementation "
+                f"`{o.get('verbose_impl') or ex.get('impl', '?')}`, weights prepacked as "
+                f"`{ex.get('weights_format', '?')}`; one expert = 2 × {I}×{H} (gate, up) + "
+                f"{H}×{I} (down), weights rotated over {o.get('rotate_bytes', 0) / 2**20:.0f} MiB "
+                "of copies",
+                "",
+                _onednn_table(o.get("pairs", [])),
+            ]
+    if acceptance:
+        out += ["", "Issue #5 item 4 checks (this run):", ""] + _acceptance_lines(acceptance)
+    return out + [""]
 
 
 def _torch_peer(torch, args, results, E, K, H, I, threads, layers_n):
@@ -230,6 +567,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--torch-peer",
         action="store_true",
         help="also time torch's bf16 eager MoE on the same shape in this process",
+    )
+    p.add_argument(
+        "--ktkernel-peer",
+        nargs="?",
+        const=KTKERNEL_PYTHON,
+        default=None,
+        metavar="PYTHON",
+        help="also time kt-kernel (PyPI) on the same layer, run by PYTHON of its own virtual "
+        f"environment (default {KTKERNEL_PYTHON}; tools/peers/setup_peers.sh makes it)",
+    )
+    p.add_argument(
+        "--onednn-peer",
+        action="store_true",
+        help="also time oneDNN matmul (libdnnl-dev) on the expert's matrices, same dtype",
+    )
+    p.add_argument(
+        "--onednn-ms",
+        type=_parse_tokens,
+        default=list(ONEDNN_MS),
+        help="rows per matmul for the oneDNN peer (default 1,4,16,64,256,1024)",
+    )
+    p.add_argument(
+        "--peers-dir", default="", help="tools/peers of a kt-jit checkout (default: found)"
     )
     p.add_argument("--isa", default="", help="ISA level for the layer (default: selected)")
     p.add_argument("--seed", type=int, default=0)
@@ -321,11 +681,14 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     # --- 4. MoE forward ------------------------------------------------------------------------------
     results = []
+    peer_inputs = {}  # T -> (x, ids, w), handed to the kt-kernel peer
     for t in args.tokens:
         x = torch.randn(t, H, generator=gen)
         ids, w = _routing(torch, t, E, K, gen)
         out = torch.empty(t, H)
         ptrs = (x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr())
+        if args.ktkernel_peer:
+            peer_inputs[t] = (x, ids, w)
         touched = int(torch.unique(ids).numel())
         wbytes = touched * expert_bytes
         ops = 2.0 * t * K * 3 * H * I
@@ -369,6 +732,102 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.torch_peer:
         _torch_peer(torch, args, results, E, K, H, I, threads, layers_n)
 
+    # --- 5. kt-kernel and oneDNN peers: right after, kt-jit's layers freed first -------------------
+    peers: Dict = {}
+    acceptance: List[Dict] = []
+    ktk_pairs = onednn_pairs = None
+    dtype = ONEDNN_DTYPE.get(args.method)
+    if args.ktkernel_peer or args.onednn_peer:
+        del layers
+        import gc
+
+        gc.collect()
+        peers_dir = _peers_dir(args.peers_dir)
+    if args.ktkernel_peer:
+        py = args.ktkernel_peer
+        why = None
+        if args.method not in KTKERNEL_METHODS:
+            why = f"no kt-kernel class for method {args.method}"
+        elif not (os.path.isfile(py) or shutil.which(py)):
+            why = f"{py} not found (bash tools/peers/setup_peers.sh makes /opt/ktk-venv)"
+        elif not peers_dir:
+            why = "tools/peers/ktkernel_bench.py not found (run from a checkout or --peers-dir)"
+        doc = None
+        if not why:
+            tmpd = tempfile.mkdtemp(prefix="ktjit-peer-")
+            inputs = os.path.join(tmpd, "inputs.pt")
+            torch.save(peer_inputs, inputs)
+            cmd = [py, os.path.join(peers_dir, "ktkernel_bench.py"), "--method", args.method]
+            cmd += ["--tokens", ",".join(str(t) for t in args.tokens), "--threads", str(threads)]
+            cmd += ["--layers", str(layers_n), "--seed", str(args.seed), "--inputs", inputs]
+            cmd += ["--budget-s", str(args.budget_s)]
+            cmd += ["--experts", str(E), "--top-k", str(K), "--hidden", str(H)]
+            cmd += ["--intermediate", str(I)]
+            if args.reps:
+                cmd += ["--reps", str(args.reps)]
+            if args.warmup:
+                cmd += ["--warmup", str(args.warmup)]
+            print(f"kt-kernel peer: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+            doc, why = _run_peer(cmd, timeout=3600 + 120 * len(args.tokens))
+            shutil.rmtree(tmpd, ignore_errors=True)
+        if doc is None:
+            print(f"kt-kernel peer skipped: {why}", flush=True)
+            peers["ktkernel"] = {"skipped": why}
+        else:
+            ktk_pairs = ktkernel_ratios(results, doc)
+            peers["ktkernel"] = dict(doc, pairs=ktk_pairs)
+            for q in ktk_pairs:
+                print(
+                    f"T={q['tokens']:5d}: kt-kernel {doc.get('class', '?')} {q['ktkernel_us']:10.1f}"
+                    f" µs -> kt-jit {q['speedup']:.2f}x",
+                    flush=True,
+                )
+    if args.onednn_peer:
+        doc, why = None, None
+        if not dtype:
+            why = f"oneDNN has no matmul on {wname} weights (peer runs for int8 and bf16 methods)"
+        else:
+            binary, why = _onednn_binary(peers_dir)
+        if not why:
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            shapes = f"{I}x{H},{H}x{I}"
+            cmd = [binary, "--threads", str(threads), "--dtypes", dtype, "--shapes", shapes]
+            cmd += ["--ms", ",".join(str(m) for m in args.onednn_ms)]
+            cmd += ["--budget-ms", str(args.budget_s * 1000.0)]
+            print(f"oneDNN peer: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+            doc, why = _run_peer(cmd, timeout=3600, env=env)
+            if doc is not None:
+                doc.update(_onednn_verbose(binary, dtype, f"{I}x{H}", env))
+        if doc is None:
+            print(f"oneDNN peer skipped: {why}", flush=True)
+            peers["onednn"] = {"skipped": why}
+        else:
+            expert = onednn_expert(doc, H, I, dtype)
+            onednn_pairs = onednn_ratios(results, expert, K)
+            peers["onednn"] = dict(doc, expert=list(expert.values()), pairs=onednn_pairs)
+            for q in onednn_pairs:
+                print(
+                    f"T={q['tokens']:5d}: oneDNN {dtype} expert at M={q['m']:<4d} "
+                    f"{q['onednn_expert_us']:10.1f} µs, {q['onednn_weight_gbs']:6.2f} GB/s, "
+                    f"{q['onednn_gops']:7.1f} Gop/s -> kt-jit {q['ratio']:.2f}x",
+                    flush=True,
+                )
+    lim_after = None
+    if (ktk_pairs is not None) or (onednn_pairs is not None):
+        # The VM's bandwidth drifts: the limits again after the peers show how far it moved.
+        lim_after = dict(_core.machine_limits())
+        print(
+            f"read bandwidth after the peers: {_fmt(lim_after.get('read_gbs_1t', 0), 2)} GB/s "
+            f"(1 thread), {_fmt(lim_after.get('read_gbs_2t', 0), 2)} GB/s (2 threads); before the "
+            f"kt-jit rows: {_fmt(lim.get('read_gbs_1t', 0), 2)}, {_fmt(lim.get('read_gbs_2t', 0), 2)}",
+            flush=True,
+        )
+        peers["limits_after_peers"] = lim_after
+    if args.ktkernel_peer or args.onednn_peer:
+        acceptance = peer_acceptance(ktk_pairs, onednn_pairs, dtype, E, K)
+        for line in _acceptance_lines(acceptance):
+            print(line, flush=True)
+
     table = _markdown_table(results)
     print()
     print(table)
@@ -394,6 +853,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 table,
                 "",
             ]
+            + _peers_markdown(peers, acceptance, dtype, H, I)
         )
         with open(args.markdown, "w") as f:
             f.write(md)
@@ -422,6 +882,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             "error": {"tokens": te, "max_abs": err_abs, "max_rel": err_rel},
             "results": results,
         }
+        if peers:
+            doc["peers"] = peers
+            doc["acceptance"] = acceptance
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     return 0
