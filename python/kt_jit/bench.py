@@ -42,7 +42,32 @@ import time
 from typing import Dict, List, Optional
 
 #: Qwen3-30B-A3B MoE block.
-SHAPE = {"name": "Qwen3-30B-A3B", "experts": 128, "top_k": 8, "hidden": 2048, "intermediate": 768}
+SHAPES = {
+    "qwen3": {
+        "name": "Qwen3-30B-A3B",
+        "experts": 128,
+        "top_k": 8,
+        "hidden": 2048,
+        "intermediate": 768,
+    },
+    # DeepSeek-V3's expert shape with a 32-expert subset of its 256 (a layer is 11 GB in int8):
+    # T = 1 still streams 8 experts = 352 MB of int8 per forward.
+    "deepseek-v3": {
+        "name": "DeepSeek-V3 (32 of 256 experts)",
+        "experts": 32,
+        "top_k": 8,
+        "hidden": 7168,
+        "intermediate": 2048,
+    },
+    "mixtral": {
+        "name": "Mixtral-8x7B",
+        "experts": 8,
+        "top_k": 2,
+        "hidden": 4096,
+        "intermediate": 14336,
+    },
+}
+SHAPE = SHAPES["qwen3"]
 DEFAULT_TOKENS = (1, 4, 16, 64, 256, 1024)
 VNNI_LEVELS = ("avx512_vnni", "avx512_bf16", "amx")
 
@@ -320,7 +345,8 @@ def _onednn_verbose(binary: str, dtype: str, shape: str, env: Dict) -> Dict:
 def _load_layer(layer, method, gate, up, down, torch):
     """Random weights into a layer: float tensors, or e4m3 + scales for the FP8 methods."""
     if not method.startswith("FP8"):
-        layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), "f32", 0)
+        dt = {torch.float32: "f32", torch.bfloat16: "bf16"}[gate.dtype]
+        layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), dt, 0)
         return
     E = gate.shape[0]
     mats = [(t * 50).clamp(-448, 448).to(torch.float8_e4m3fn) for t in (gate, up, down)]
@@ -564,6 +590,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     p.add_argument("--method", default="AMXINT8", help="MoELayer method (default AMXINT8)")
     p.add_argument(
+        "--shape",
+        default="qwen3",
+        choices=sorted(SHAPES),
+        help="MoE shape (default qwen3; deepseek-v3 is a 32-expert subset, mixtral is 8x7B)",
+    )
+    p.add_argument(
         "--torch-peer",
         action="store_true",
         help="also time torch's bf16 eager MoE on the same shape in this process",
@@ -632,7 +664,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(_limits_lines(lim, read_bw, peak, peak_name, threads), flush=True)
 
     # --- 2. layers ---------------------------------------------------------------------------------
-    E, K, H, I = SHAPE["experts"], SHAPE["top_k"], SHAPE["hidden"], SHAPE["intermediate"]
+    shape = SHAPES[args.shape]
+    E, K, H, I = shape["experts"], shape["top_k"], shape["hidden"], shape["intermediate"]
     # Packed weight bytes per element of the method (scales and compensations not counted).
     bytes_per_weight = BYTES_PER_WEIGHT.get(args.method, 1.0)
     wname = WEIGHT_NAME.get(args.method, "int8")
@@ -649,9 +682,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             pass
     gen = torch.Generator().manual_seed(args.seed)
     t0 = time.perf_counter()
-    gate = torch.randn(E, I, H, generator=gen).mul_(0.02)
-    up = torch.randn(E, I, H, generator=gen).mul_(0.02)
-    down = torch.randn(E, H, I, generator=gen).mul_(0.02)
+    # Large shapes draw bf16 weights directly (fp32 sources would need 2x the memory).
+    wdt = torch.float32 if 3 * E * H * I <= 2**28 else torch.bfloat16
+    gate = torch.randn(E, I, H, generator=gen, dtype=wdt).mul_(0.02)
+    up = torch.randn(E, I, H, generator=gen, dtype=wdt).mul_(0.02)
+    down = torch.randn(E, H, I, generator=gen, dtype=wdt).mul_(0.02)
     layers = []
     for _ in range(layers_n):
         layer = _core.MoELayer(E, K, H, I, args.method, args.isa)
@@ -836,7 +871,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.markdown:
         md = "\n".join(
             [
-                f"# kt-jit MoE benchmark: {SHAPE['name']}",
+                f"# kt-jit MoE benchmark: {shape['name']}",
                 "",
                 f"- machine: {brand} ({os.cpu_count()} CPUs visible, L3 {l3 / 2**20:.1f} MiB)",
                 f"- ISA: {isa}; method {args.method}; threads {threads}",
@@ -871,7 +906,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "date": date,
             "command": command,
             "config": {
-                "shape": SHAPE,
+                "shape": shape,
                 "method": args.method,
                 "threads": threads,
                 "layers": layers_n,
