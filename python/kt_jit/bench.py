@@ -90,6 +90,107 @@ WEIGHT_NAME = {
 }
 
 
+BYTES_PER_WEIGHT.update(  # first estimates (packed codes + per-group scales); measured after load
+    {"LLAMAFILE": 0.75, "RAWINT4": 0.625, "GPTQ_INT4": 0.53, "MXFP4": 0.625, "MXFP8": 1.125}
+)
+WEIGHT_NAME.update(
+    {
+        "LLAMAFILE": "gguf",
+        "RAWINT4": "int4g",
+        "GPTQ_INT4": "int4g",
+        "MXFP4": "mxfp4",
+        "MXFP8": "mxfp8",
+    }
+)
+#: GGUF block types as kt-jit stores them (formats/grouped.hpp): 4-bit codes through a table or
+#: bytes, the scale group, an offset term. Random codes in each type's range.
+GGUF_TYPES = {
+    "Q4_0": {"lut": [i - 8 for i in range(16)], "group": 32, "bias": False},
+    "Q4_K": {"lut": list(range(16)), "group": 32, "bias": True},
+    "IQ4_XS": {
+        "lut": [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+        "group": 32,
+        "bias": False,
+    },
+    "Q5_K": {"lut": None, "range": (0, 32), "group": 32, "bias": True},
+    "Q6_K": {"lut": None, "range": (-32, 32), "group": 16, "bias": False},
+    "Q8_0": {"lut": None, "range": (-128, 128), "group": 32, "bias": False},
+}
+GGUF_MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}  # gate/up type, down type
+INT4_GROUP = {"RAWINT4": 32, "GPTQ_INT4": 128}
+QGROUP_METHODS = ("LLAMAFILE", "RAWINT4", "GPTQ_INT4")
+MX_METHODS = ("MXFP4", "MXFP8")
+
+
+def _qgroup_specs(method: str, gguf_type: str):
+    """(gate/up spec, down spec) for a qgroup layer; each a GGUF_TYPES-style dict."""
+    if method != "LLAMAFILE":
+        t = {"lut": [i - 8 for i in range(16)], "group": INT4_GROUP[method], "bias": False}
+        return t, t
+    gu, dn = GGUF_MIXES.get(gguf_type, (gguf_type, gguf_type))
+    return GGUF_TYPES[gu], GGUF_TYPES[dn]
+
+
+def _make_layer(_core, method, E, K, H, I, isa, gguf_type):
+    if method in QGROUP_METHODS:
+        gu, dn = _qgroup_specs(method, gguf_type)
+        return _core.MoELayer(
+            E, K, H, I, method, isa,
+            gu_group=gu["group"], down_group=dn["group"], gu_bias=gu["bias"],
+            down_bias=dn["bias"], gu_lut=gu["lut"] or [], down_lut=dn["lut"] or [],
+        )  # fmt: skip
+    if method in MX_METHODS:
+        return _core.MoELayer(E, K, H, I, method, isa, swiglu_limit=7.0)
+    return _core.MoELayer(E, K, H, I, method, isa)
+
+
+def _random_sources(torch, method, E, H, I, gen, gguf_type):
+    """Per-method random sources shared by every rotated layer (made once)."""
+    shapes = ((I, H), (I, H), (H, I))
+    if method in QGROUP_METHODS:
+        gu, dn = _qgroup_specs(method, gguf_type)
+        out = []
+        for (n, k), spec in zip(shapes, (gu, gu, dn)):
+            if spec["lut"] is not None:
+                idx = torch.randint(0, 16, (E, n, k), generator=gen, dtype=torch.uint8)
+                codes = torch.tensor(spec["lut"], dtype=torch.int8)[idx.long()]
+            else:
+                lo, hi = spec["range"]
+                codes = torch.randint(lo, hi, (E, n, k), generator=gen, dtype=torch.int8)
+            g = k // spec["group"]
+            sc = torch.rand(E, n, g, generator=gen) * 1e-3
+            bs = torch.randn(E, n, g, generator=gen) * 1e-3 if spec["bias"] else None
+            out.append((codes, sc, bs))
+        return out
+    if method in MX_METHODS:
+        fp4 = method == "MXFP4"
+        out = []
+        for n, k in shapes:
+            b = torch.randint(
+                0, 256, (E, n, k // 2 if fp4 else k), generator=gen, dtype=torch.uint8
+            )
+            if not fp4:  # no e4m3 NaN codes
+                b = torch.where((b & 0x7F) == 0x7F, b ^ 1, b)
+            sc = torch.randint(119, 123, (E, n, k // 32), generator=gen, dtype=torch.uint8)
+            out.append((b, sc))
+        return out
+    return None
+
+
+def _load_sources(layer, method, src):
+    E = src[0][0].shape[0]
+    slots = list(range(E))
+    if method in QGROUP_METHODS:
+        ptrs = []
+        for codes, sc, bs in src:
+            ptrs += [[codes[e].data_ptr() for e in slots], [sc[e].data_ptr() for e in slots]]
+            ptrs.append([0] * E if bs is None else [bs[e].data_ptr() for e in slots])
+        layer.load_experts_grouped(slots, *ptrs)
+    else:  # MX: bytes then scales
+        mats, scales = [m for m, _ in src], [s for _, s in src]
+        layer.load_experts_mx(slots, *[[t[e].data_ptr() for e in slots] for t in mats + scales])
+
+
 #: kt-jit method -> oneDNN matmul of the same weight precision (oneDNN 2.6 has no int4/fp8 weights).
 ONEDNN_DTYPE = {"AMXINT8": "int8", "MOE_INT8": "int8", "BF16": "bf16"}
 ONEDNN_MS = (1, 4, 16, 64, 256, 1024)
@@ -590,6 +691,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     p.add_argument("--method", default="AMXINT8", help="MoELayer method (default AMXINT8)")
     p.add_argument(
+        "--gguf-type",
+        default="Q4_K",
+        choices=sorted(GGUF_TYPES) + sorted(GGUF_MIXES),
+        help="LLAMAFILE: the GGUF block type of the random weights (default Q4_K)",
+    )
+    p.add_argument(
         "--shape",
         default="qwen3",
         choices=sorted(SHAPES),
@@ -682,17 +789,29 @@ def main(argv: Optional[List[str]] = None) -> int:
             pass
     gen = torch.Generator().manual_seed(args.seed)
     t0 = time.perf_counter()
-    # Large shapes draw bf16 weights directly (fp32 sources would need 2x the memory).
-    wdt = torch.float32 if 3 * E * H * I <= 2**28 else torch.bfloat16
-    gate = torch.randn(E, I, H, generator=gen, dtype=wdt).mul_(0.02)
-    up = torch.randn(E, I, H, generator=gen, dtype=wdt).mul_(0.02)
-    down = torch.randn(E, H, I, generator=gen, dtype=wdt).mul_(0.02)
+    src = _random_sources(torch, args.method, E, H, I, gen, args.gguf_type)
+    if src is None:
+        # Large shapes draw bf16 weights directly (fp32 sources would need 2x the memory).
+        wdt = torch.float32 if 3 * E * H * I <= 2**28 else torch.bfloat16
+        gate = torch.randn(E, I, H, generator=gen, dtype=wdt).mul_(0.02)
+        up = torch.randn(E, I, H, generator=gen, dtype=wdt).mul_(0.02)
+        down = torch.randn(E, H, I, generator=gen, dtype=wdt).mul_(0.02)
     layers = []
     for _ in range(layers_n):
-        layer = _core.MoELayer(E, K, H, I, args.method, args.isa)
-        _load_layer(layer, args.method, gate, up, down, torch)
+        layer = _make_layer(_core, args.method, E, K, H, I, args.isa, args.gguf_type)
+        if src is None:
+            _load_layer(layer, args.method, gate, up, down, torch)
+        else:
+            _load_sources(layer, args.method, src)
         layers.append(layer)
-    del gate, up, down
+    if src is None:
+        del gate, up, down
+    del src
+    # What a forward really streams: the packed codes with their scales (measured, not assumed).
+    expert_bytes = int(layers[0].packed_bytes // E)
+    layer_bytes = E * expert_bytes
+    if args.method == "LLAMAFILE":
+        wname = f"gguf {args.gguf_type}"
     print(
         f"{layers_n} layers x {layer_bytes / 1e6:.0f} MB {wname} = {layers_n * layer_bytes / 1e9:.2f} GB "
         f"(L3 {l3 / 2**20:.1f} MiB) loaded in {time.perf_counter() - t0:.1f} s",
