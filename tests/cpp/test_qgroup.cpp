@@ -1,0 +1,457 @@
+// qgroup kernel sweep: every generated k-group kernel at every x86 level this machine runs (byte
+// and nibble codes with several tables, with and without a bias term, codes -128 and 127 present,
+// groups 16/32/128, tails in N, one and several groups in K), bit for bit against the reference
+// twin; the twin against the documented fp32 order evaluated on the unpacked sources, and against
+// int64 / double math over the dequantized weights.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "formats/grouped.hpp"
+#include "formats/int8.hpp"
+#include "jit/gemm.hpp"
+#include "jit/kernel.hpp"
+#include "runtime/moe_layer.hpp"
+#include "runtime/thread_pool.hpp"
+#include "test_util.hpp"
+
+namespace ktjit {
+namespace {
+
+// Nibble tables: GGUF Q4_0 / RAWINT4 (q - 8), Q4_K (q), IQ4_NL (kvalues), and extremes.
+const int8_t kLuts[4][16] = {
+    {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113},
+    {-128, 127, -1, 0, 1, -127, 64, -64, 100, -100, 33, -33, 7, -7, 126, -128},
+};
+
+struct Problem {
+  IsaLevel isa;
+  Epilogue epi;
+  bool nib, bias;
+  int64_t M, N, K, G;
+  uint32_t seed;
+  int lut() const { return int(seed % 4); }
+  std::string repro() const {
+    std::ostringstream s;
+    s << "repro: KT_JIT_ISA=" << isa_name(isa) << " epi=" << int(epi) << " nib=" << nib
+      << " bias=" << bias << " lut=" << (nib ? lut() : -1) << " M=" << M << " N=" << N << " K=" << K
+      << " G=" << G << " seed=" << seed << " (ktjit_tests --gtest_filter='QGroup.*')";
+    return s.str();
+  }
+};
+
+struct Source {
+  std::vector<int8_t> codes;
+  std::vector<float> scales, biases;
+  formats::GroupedMatrix m;
+};
+
+struct Packed {
+  formats::GroupedSpec spec;
+  formats::StripLayout layout;
+  std::vector<Source> src;
+  std::vector<int8_t> w;
+  int8_t lut[16];
+};
+
+Packed make_weights(const Problem& p) {
+  Packed pk;
+  pk.spec.group = p.G;
+  pk.spec.bias = p.bias;
+  pk.spec.code_bits = p.nib ? 4 : 8;
+  if (p.nib) std::memcpy(pk.spec.lut, kLuts[p.lut()], 16);
+  const int sources = p.epi == Epilogue::siluup ? 2 : 1;
+  pk.layout = formats::qgroup_layout(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources, pk.spec);
+  std::mt19937 rng(p.seed);
+  std::uniform_int_distribution<int> code(-128, 127), nib(0, 15);
+  std::uniform_real_distribution<float> sd(-0.02f, 0.02f);
+  pk.src.resize(size_t(sources));
+  for (auto& s : pk.src) {
+    s.codes.resize(size_t(p.N * p.K));
+    for (auto& c : s.codes) c = p.nib ? kLuts[p.lut()][nib(rng)] : int8_t(code(rng));
+    if (!p.nib) {  // the extremes always present
+      s.codes[0] = -128;
+      s.codes.back() = 127;
+      s.codes[s.codes.size() / 2] = -128;
+    }
+    s.scales.resize(size_t(p.N * p.K / p.G));
+    for (auto& x : s.scales) x = sd(rng);
+    if (p.bias) {
+      s.biases.resize(s.scales.size());
+      for (auto& x : s.biases) x = sd(rng) * 3.0f;
+    }
+    s.m = {s.codes.data(), s.scales.data(), p.bias ? s.biases.data() : nullptr, p.G};
+  }
+  formats::GroupedSlice sl[2];
+  for (int s = 0; s < sources; ++s) sl[s] = {&pk.src[size_t(s)].m, p.K, 0, 0, "src"};
+  pk.w.resize(size_t(pk.layout.total_bytes()));
+  formats::pack_qgroup_strips(pk.layout, pk.spec, sl, qgroup_flip_codes(p.isa), pk.w.data());
+  formats::qgroup_kernel_lut(pk.spec, qgroup_flip_codes(p.isa), pk.lut);
+  return pk;
+}
+
+KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
+  KernelKey k;
+  k.kind = kind;
+  k.isa = p.isa;
+  k.format = WeightFormat::qgroup;
+  k.m_r = uint8_t(m_r);
+  k.n_vec = uint8_t(n_vec);
+  k.epilogue = p.epi;
+  k.variant = uint8_t((p.nib ? kQGroupNibbles : 0) | (p.bias ? kQGroupBias : 0));
+  return k;
+}
+
+struct Acts {
+  std::vector<int8_t> a;
+  int64_t lda;
+  std::vector<float> as;
+  std::vector<int32_t> gsum;  // [g][row], stride ld_rows
+  int64_t ld_rows;
+};
+
+// All M rows over all strips as the executor runs them: prefill blocks + a decode remainder,
+// full strips then the tail strip.
+void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<float*>& out_rows,
+             const std::vector<float>& rw, bool use_ref, std::vector<std::string>* names) {
+  const auto& l = pk.layout;
+  const int max_rows = gemm_max_rows(p.isa, WeightFormat::qgroup);
+  const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, p.epi);
+  auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
+                  int64_t blocks) {
+    const KernelKey key = key_for(p, kind, m_r, nv);
+    GemmArgs args{};
+    args.a = x.a.data() + row0 * x.lda;
+    args.lda = x.lda;
+    args.w = pk.w.data() + l.strip_offset(s0);
+    args.n_strips = ns;
+    args.k4 = l.k4;
+    args.a_scale = x.as.data() + row0;
+    args.out_rows = out_rows.data() + row0;
+    args.out_col = s0 * out_full;
+    args.row_weight = rw.data() + row0;
+    args.m_blocks = blocks;
+    args.g_steps = l.g_steps;
+    args.g_per_strip = l.groups();
+    args.lut = pk.lut;
+    args.a_gsum = x.gsum.data() + row0;
+    args.a_gsum_ld = x.ld_rows * 4;
+    if (use_ref) {
+      gemm_ref(key, args);
+    } else {
+      const Kernel* k = KernelCache::instance().get(key);
+      ASSERT_NE(k, nullptr) << key.name();
+      if (names) names->push_back(k->name);
+      reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+    }
+  };
+  for (int part = 0; part < 2; ++part) {
+    const int64_t s0 = part ? l.full_strips : 0;
+    const int64_t ns = part ? (l.tail_vecs ? 1 : 0) : l.full_strips;
+    const int nv = part ? l.tail_vecs : l.strip_vecs;
+    if (ns == 0) continue;
+    int64_t row = 0;
+    if (p.M > max_rows) {
+      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, 0, p.M / max_rows);
+      row = p.M / max_rows * max_rows;
+    }
+    if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
+  }
+}
+
+struct Outputs {
+  std::vector<float> buf;
+  std::vector<float*> rows;
+};
+
+Outputs make_outputs(int64_t M, int64_t stride, uint32_t seed) {
+  Outputs o;
+  o.buf = test::random_floats(size_t(M * stride), seed, 0.5f);
+  for (int64_t m = 0; m < M; ++m) o.rows.push_back(o.buf.data() + (M - 1 - m) * stride);
+  return o;
+}
+
+void check_problem(const Problem& p, std::vector<std::string>* names) {
+  const Packed pk = make_weights(p);
+  Acts x;
+  x.lda = p.K + 8;
+  std::mt19937 rng(p.seed + 1);
+  std::uniform_int_distribution<int> qd(-127, 127);
+  x.a.assign(size_t(p.M * x.lda), 0x55);  // junk beyond K: must not be read
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t k = 0; k < p.K; ++k) x.a[size_t(m * x.lda + k)] = int8_t(qd(rng));
+  x.a[0] = 127;
+  x.a[size_t(x.lda - 9)] = -127;
+  x.as = test::random_floats(size_t(p.M), p.seed + 2, 0.01f);
+  for (auto& v : x.as) v = std::fabs(v) + 1e-3f;
+  const int64_t groups = p.K / p.G;
+  x.ld_rows = p.M + 3;
+  x.gsum.assign(size_t(groups * x.ld_rows), 0x7777);
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t s = 0;
+      for (int64_t k = g * p.G; k < (g + 1) * p.G; ++k) s += x.a[size_t(m * x.lda + k)];
+      x.gsum[size_t(g * x.ld_rows + m)] = s;
+    }
+  std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
+  const int64_t stride = pk.layout.total_cols() + 16;
+  Outputs jit = make_outputs(p.M, stride, p.seed + 4), ref = make_outputs(p.M, stride, p.seed + 4);
+  const Outputs before = make_outputs(p.M, stride, p.seed + 4);
+  run_all(p, pk, x, jit.rows, rw, false, names);
+  run_all(p, pk, x, ref.rows, rw, true, nullptr);
+  if (std::memcmp(jit.buf.data(), ref.buf.data(), jit.buf.size() * 4) != 0) {
+    for (size_t i = 0; i < jit.buf.size(); ++i)
+      ASSERT_EQ(jit.buf[i], ref.buf[i]) << p.repro() << " first difference at float " << i;
+  }
+  if (p.epi != Epilogue::store && p.epi != Epilogue::accum) return;
+  // The twin against the sources: (1) the documented fp32 order on unpacked values, exactly;
+  // (2) double math over the dequantized weights w = s*c + b, y = a_scale * Σ_k a_k w_k.
+  const Source& s = pk.src[0];
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t n = 0; n < p.N; ++n) {
+      float t = 0.0f;
+      double want = 0.0, mag = 0.0;
+      for (int64_t g = 0; g < groups; ++g) {
+        int64_t acc = 0, asum = 0;
+        for (int64_t k = g * p.G; k < (g + 1) * p.G; ++k) {
+          const int64_t a = x.a[size_t(m * x.lda + k)];
+          acc += a * s.codes[size_t(n * p.K + k)];
+          asum += a;
+          const double wv =
+              double(s.scales[size_t(n * groups + g)]) * s.codes[size_t(n * p.K + k)] +
+              (p.bias ? double(s.biases[size_t(n * groups + g)]) : 0.0);
+          want += double(a) * wv;
+          mag += std::fabs(double(a) * wv);
+        }
+        t = std::fma(s.scales[size_t(n * groups + g)], float(acc), t);
+        if (p.bias) t = std::fma(s.biases[size_t(n * groups + g)], float(asum), t);
+      }
+      const float y = x.as[size_t(m)] * t;
+      const float got = ref.rows[size_t(m)][n];
+      const float prev = before.rows[size_t(m)][n];
+      const float expect = p.epi == Epilogue::store ? y : std::fma(rw[size_t(m)], y, prev);
+      ASSERT_EQ(expect, got) << p.repro() << " m=" << m << " n=" << n;
+      if (p.epi == Epilogue::store) {
+        want *= x.as[size_t(m)];
+        ASSERT_NEAR(want, double(got),
+                    4e-7 * double(2 * groups + 2) * mag * x.as[size_t(m)] + 1e-30)
+            << p.repro() << " m=" << m << " n=" << n;
+      }
+    }
+}
+
+TEST(QGroup, SweepMatchesReferenceBitwise) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 generators only";
+#endif
+  if (test::runnable_levels().empty()) GTEST_SKIP() << "this CPU runs no generated x86 level";
+  const int64_t Ms[] = {1, 2, 3, 5, 7, 17};
+  const int64_t Ns[] = {1, 16, 40, 100};
+  const int64_t GKs[][2] = {{16, 16}, {16, 80}, {32, 32}, {32, 160}, {128, 128}, {128, 384}};
+  uint32_t seed = 1;
+  size_t checked = 0;
+  for (IsaLevel isa : test::runnable_levels()) {
+    std::vector<std::string> names;
+    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+      for (bool nib : {false, true})
+        for (bool bias : {false, true})
+          for (int64_t M : Ms)
+            for (int64_t N : Ns)
+              for (const auto& gk : GKs) {
+                check_problem({isa, epi, nib, bias, M, N, gk[1], gk[0], seed++}, &names);
+                if (HasFatalFailure()) return;
+                ++checked;
+              }
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    EXPECT_GE(names.size(), 40u) << isa_name(isa);
+  }
+  EXPECT_GT(checked, 0u);
+}
+
+TEST(QGroup, KernelNamesSpellTheVariant) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 generators only";
+#endif
+  Problem p{IsaLevel::avx512_vnni, Epilogue::siluup, true, true, 1, 64, 64, 32, 1};
+  EXPECT_EQ(key_for(p, KernelKind::gemm_decode, 1, 4).name(),
+            "gemm_decode_qg4b_avx512vnni_m1n64_siluup");
+  p.nib = false;
+  p.bias = false;
+  p.isa = IsaLevel::avx2;
+  p.epi = Epilogue::accum;
+  EXPECT_EQ(key_for(p, KernelKind::gemm_prefill, 1, 4).name(), "gemm_prefill_qg8_avx2_m1n32_accum");
+  for (IsaLevel isa :
+       {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni, IsaLevel::avx512_bf16}) {
+    p.isa = isa;
+    for (uint8_t v = 0; v < 4; ++v) {
+      p.nib = v & 1;
+      p.bias = v & 2;
+      auto k = KernelCache::generate_only(
+          key_for(p, KernelKind::gemm_prefill, gemm_max_rows(isa, WeightFormat::qgroup), 4));
+      EXPECT_GT(k->code.size(), 100u) << k->name;
+    }
+  }
+  // Impossible tiles are refused.
+  p.isa = IsaLevel::avx2;
+  EXPECT_THROW(KernelCache::generate_only(key_for(p, KernelKind::gemm_decode, 2, 4)),
+               std::invalid_argument);
+}
+
+TEST(QGroup, PackerNamesBadCodesAndGroups) {
+  formats::GroupedSpec spec;
+  spec.group = 32;
+  spec.code_bits = 4;
+  std::memcpy(spec.lut, kLuts[0], 16);  // -8 .. 7
+  const int64_t N = 5, K = 64;
+  std::vector<int8_t> codes(size_t(N * K), 3);
+  codes[size_t(2 * K + 37)] = 9;  // not in the table
+  std::vector<float> scales(size_t(N * K / 32), 1.0f);
+  formats::GroupedMatrix m{codes.data(), scales.data(), nullptr, 32};
+  auto l = formats::qgroup_layout(N, K, 16, kStripVecs, 1, spec);
+  std::vector<int8_t> out(size_t(l.total_bytes()));
+  formats::GroupedSlice sl{&m, K, 0, 0, "expert 4 gate"};
+  try {
+    formats::pack_qgroup_strips(l, spec, &sl, true, out.data());
+    FAIL() << "expected an exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("expert 4 gate: row 2 column 37: code 9"),
+              std::string::npos)
+        << e.what();
+  }
+  m.group = 16;
+  EXPECT_THROW(formats::pack_qgroup_strips(l, spec, &sl, true, out.data()), std::invalid_argument);
+  spec.group = 24;
+  EXPECT_THROW(formats::qgroup_layout(N, K, 16, kStripVecs, 1, spec), std::invalid_argument);
+  EXPECT_EQ(formats::qgroup_shard_bounds(160, 32, 2), (std::vector<int64_t>{0, 64, 160}));
+  EXPECT_EQ(formats::qgroup_shard_bounds(64, 32, 4), (std::vector<int64_t>{0, 32, 64}));
+}
+
+// The executor end to end: MoELayer with grouped experts (shards, bytes/nibbles, bias) against its
+// reference-twin forward (bitwise) and a float64 MoE with the same int8 activation quantization.
+TEST(QGroup, MoELayerMatchesTwinAndMath) {
+  const int64_t E = 4, K = 2, H = 64, I = 96;
+  ThreadPool pool(2, 1);
+  for (int variant = 0; variant < 2; ++variant) {
+    formats::GroupedSpec gu, dn;
+    gu.group = 32;
+    dn.group = 16;
+    gu.bias = dn.bias = variant == 1;
+    if (variant == 1) {
+      gu.code_bits = dn.code_bits = 4;
+      std::memcpy(gu.lut, kLuts[2], 16);
+      std::memcpy(dn.lut, kLuts[3], 16);
+    }
+    std::mt19937 rng(11 + variant);
+    std::uniform_int_distribution<int> code(-128, 127), nib(0, 15);
+    std::uniform_real_distribution<float> sd(0.0002f, 0.0006f), bd(-0.01f, 0.01f);
+    struct Mat {
+      std::vector<int8_t> c;
+      std::vector<float> s, b;
+      std::vector<double> w;  // dequantized
+    };
+    auto make = [&](int64_t n, int64_t k, const formats::GroupedSpec& sp) {
+      Mat m;
+      m.c.resize(size_t(n * k));
+      for (auto& v : m.c) v = sp.code_bits == 4 ? sp.lut[nib(rng)] : int8_t(code(rng));
+      m.s.resize(size_t(n * k / sp.group));
+      for (auto& v : m.s) v = sd(rng) * (sp.code_bits == 4 ? 8.0f : 1.0f);
+      if (sp.bias) {
+        m.b.resize(m.s.size());
+        for (auto& v : m.b) v = bd(rng);
+      }
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < k; ++c) {
+          const size_t g = size_t(r * (k / sp.group) + c / sp.group);
+          m.w.push_back(double(m.s[g]) * m.c[size_t(r * k + c)] + (sp.bias ? m.b[g] : 0.0));
+        }
+      return m;
+    };
+    std::vector<Mat> mats;
+    for (int64_t e = 0; e < E; ++e) {
+      mats.push_back(make(I, H, gu));
+      mats.push_back(make(I, H, gu));
+      mats.push_back(make(H, I, dn));
+    }
+    auto view = [&](const Mat& m, int64_t g) {
+      return formats::GroupedMatrix{m.c.data(), m.s.data(), m.b.empty() ? nullptr : m.b.data(), g};
+    };
+    std::vector<MoELayer::GroupedExpertSource> src;
+    for (int64_t e = 0; e < E; ++e)
+      src.push_back({e, view(mats[size_t(3 * e)], 32), view(mats[size_t(3 * e + 1)], 32),
+                     view(mats[size_t(3 * e + 2)], 16)});
+    const std::vector<int64_t> bounds = {0, 32, 96};
+    for (IsaLevel isa : {selected_isa(), IsaLevel::ref}) {
+      MoELayer layer({E, K, H, I}, "LLAMAFILE", isa, bounds, gu, dn);
+      layer.load_experts_grouped(src, pool);
+      ASSERT_TRUE(layer.loaded());
+      for (int64_t T : {1, 9}) {
+        std::vector<float> x = test::random_floats(size_t(T * H), uint32_t(T), 1.0f);
+        std::vector<int64_t> ids;
+        std::vector<float> w;
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t j = 0; j < K; ++j) {
+            ids.push_back((t + 3 * j) % E);
+            w.push_back(0.25f + 0.5f * float(j));
+          }
+        std::vector<float> out(size_t(T * H)), twin(size_t(T * H));
+        layer.forward(T, x.data(), ids.data(), w.data(), nullptr, out.data(), pool);
+        layer.forward(T, x.data(), ids.data(), w.data(), nullptr, twin.data(), pool, true);
+        ASSERT_EQ(0, std::memcmp(out.data(), twin.data(), out.size() * 4))
+            << "variant " << variant << " isa " << isa_name(isa) << " T " << T;
+        // float64 reference with the kernels' activation quantization.
+        double num = 0, den = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<int8_t> xq(static_cast<size_t>(H));
+          const double xd = formats::quantize_row_int8(x.data() + t * H, H, xq.data());
+          std::vector<double> y(size_t(H), 0.0);
+          for (int64_t j = 0; j < K; ++j) {
+            const int64_t e = ids[size_t(t * K + j)];
+            const Mat &mg = mats[size_t(3 * e)], &mu = mats[size_t(3 * e + 1)],
+                      &md = mats[size_t(3 * e + 2)];
+            std::vector<float> h(static_cast<size_t>(I));
+            for (int64_t i = 0; i < I; ++i) {
+              double g = 0, u = 0;
+              for (int64_t k = 0; k < H; ++k) {
+                g += xq[size_t(k)] * mg.w[size_t(i * H + k)];
+                u += xq[size_t(k)] * mu.w[size_t(i * H + k)];
+              }
+              g *= xd;
+              u *= xd;
+              h[size_t(i)] = float(g / (1.0 + std::exp(-g)) * u);
+            }
+            for (size_t b = 0; b + 1 < bounds.size(); ++b) {
+              const int64_t i0 = bounds[b], n = bounds[b + 1] - i0;
+              std::vector<int8_t> hq(static_cast<size_t>(n));
+              const double hd = formats::quantize_row_int8(h.data() + i0, n, hq.data());
+              for (int64_t c = 0; c < H; ++c) {
+                double acc = 0;
+                for (int64_t i = 0; i < n; ++i) acc += hq[size_t(i)] * md.w[size_t(c * I + i0 + i)];
+                y[size_t(c)] += double(w[size_t(t * K + j)]) * acc * hd;
+              }
+            }
+          }
+          for (int64_t c = 0; c < H; ++c) {
+            num += std::fabs(double(out[size_t(t * H + c)]) - y[size_t(c)]);
+            den += std::fabs(y[size_t(c)]);
+          }
+        }
+        EXPECT_LE(num / den, 1e-3)
+            << "variant " << variant << " isa " << isa_name(isa) << " T " << T;
+      }
+    }
+  }
+  // Bounds off the down group and a missing spec are refused with the reason.
+  formats::GroupedSpec g32;
+  EXPECT_THROW(MoELayer({E, K, H, I}, "RAWINT4", IsaLevel::ref, {0, 40, 96}, g32, g32),
+               std::invalid_argument);
+  EXPECT_THROW(MoELayer({E, K, H, I}, "GPTQ_INT4", IsaLevel::ref), std::invalid_argument);
+  EXPECT_EQ(MoELayer::grouped_shard_bounds(I, 32, 2), (std::vector<int64_t>{0, 32, 96}));
+}
+
+}  // namespace
+}  // namespace ktjit
