@@ -1,0 +1,429 @@
+// MXFP4 / MXFP8 kernels: the decode against independent tables, and every generated kernel at
+// every ISA level this machine runs (decode + prefill, tails, the three epilogues and the SwiGLU
+// variants) against its reference twin, bit for bit; the reference against float64 math.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "formats/mx.hpp"
+#include "jit/gemm.hpp"
+#include "jit/kernel.hpp"
+#include "runtime/moe_layer.hpp"
+#include "test_util.hpp"
+
+namespace ktjit {
+namespace {
+
+// e2m1 from its definition: bit 3 sign, bits 2..1 exponent (bias 1), bit 0 mantissa.
+double e2m1_value(int nib) {
+  const int s = nib >> 3, e = (nib >> 1) & 3, m = nib & 1;
+  const double mag = e == 0 ? 0.5 * m : std::ldexp(1.0 + 0.5 * m, e - 1);
+  return s ? -mag : mag;
+}
+
+// e4m3fn from its definition; the NaN codes 0x7f / 0xff decode as +-480 in kt-jit.
+double e4m3_value(int b) {
+  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return s ? -mag : mag;
+}
+
+TEST(MxDecode, Fp4AllCodesTimesScales) {
+  const double table[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  for (int nib = 0; nib < 16; ++nib) {
+    EXPECT_EQ(e2m1_value(nib), (nib & 8 ? -1 : 1) * table[nib & 7]) << nib;
+    EXPECT_EQ(double(mx_e2m1(uint8_t(nib))), e2m1_value(nib)) << nib;
+    for (int e : {1, 2, 60, 100, 119, 127, 128, 135, 200, 250}) {
+      // A row of 64: nibble `nib` at every k (both nibbles of each byte), scale e per 32 k.
+      uint8_t w[32], ex[2] = {uint8_t(e), uint8_t(e)};
+      std::memset(w, nib | nib << 4, sizeof(w));
+      float out[64];
+      formats::mx_dequantize_row(true, w, ex, 64, out);
+      const double want = e2m1_value(nib) * std::ldexp(1.0, e - 127);
+      for (float o : out) ASSERT_EQ(double(o), want) << "nib=" << nib << " e=" << e;
+      EXPECT_EQ(double(formats::mx_stored_scale(formats::mx_stored_exponent(uint8_t(e), true))),
+                std::ldexp(1.0, e - 127));
+    }
+  }
+  EXPECT_EQ(formats::mx_stored_scale(formats::mx_stored_exponent(0, true)),
+            0.0f);  // 2^-127 decodes as 0, as in kt-kernel
+}
+
+TEST(MxDecode, Fp8AllCodes) {
+  for (int b = 0; b < 256; ++b) {
+    const double want = e4m3_value(b);
+    EXPECT_EQ(double(fp8_value(uint8_t(b))), want) << b;
+    EXPECT_EQ(double(mx_e4m3_scaled(uint8_t(b))), std::ldexp(want, -8)) << b;
+    for (int e : {0, 1, 9, 100, 127, 140, 246}) {
+      uint8_t w[32], ex = uint8_t(e);
+      std::memset(w, b, sizeof(w));
+      float out[32];
+      formats::mx_dequantize_row(false, w, &ex, 32, out);
+      // fp32 rounding of the exact product (subnormal results for tiny e)
+      const float want32 = float(want * std::ldexp(1.0, e - 127));
+      ASSERT_EQ(out[0], want32) << "b=" << b << " e=" << e;
+      // What the kernels multiply: (e4m3 * 2^-8) * table, the same fp32 value.
+      ASSERT_EQ(mx_e4m3_scaled(uint8_t(b)) *
+                    formats::mx_stored_scale(formats::mx_stored_exponent(uint8_t(e), false)),
+                want32)
+          << "b=" << b << " e=" << e;
+    }
+  }
+}
+
+TEST(MxDecode, RefusesNanAndOverflowingScales) {
+  EXPECT_THROW(formats::mx_stored_exponent(255, true), std::invalid_argument);
+  EXPECT_THROW(formats::mx_stored_exponent(255, false), std::invalid_argument);
+  EXPECT_THROW(formats::mx_stored_exponent(247, false), std::invalid_argument);
+  EXPECT_NO_THROW(formats::mx_stored_exponent(254, true));
+  EXPECT_THROW(formats::mx_layout(16, 48, 16, 4, 1, true), std::invalid_argument);  // K % 32
+}
+
+TEST(MxDecode, SwigluRefMatchesDefinition) {
+  const float L = 7.0f, a = 1.702f;
+  for (float g = -12.0f; g <= 12.0f; g += 0.37f)
+    for (float u = -10.0f; u <= 10.0f; u += 1.3f) {
+      EXPECT_EQ(swiglu_ref(g, u, 0, L, a), silu_mul_ref(g, u));
+      const float gc = std::min(g, L), uc = std::max(-L, std::min(u, L));
+      EXPECT_EQ(swiglu_ref(g, u, kSwigluClamp, L, a), silu_mul_ref(gc, uc));
+      const float ga = std::max(-L, std::min(g, L));
+      const double want = double(ga) / (1.0 + std::exp(-double(a) * ga)) * (double(uc) + 1.0);
+      EXPECT_NEAR(swiglu_ref(g, u, kSwigluClamp | kSwigluAlpha, L, a), want,
+                  2e-5 * std::fabs(want) + 1e-6);
+      const double want2 = double(g) / (1.0 + std::exp(-double(a) * g)) * (double(u) + 1.0);
+      EXPECT_NEAR(swiglu_ref(g, u, kSwigluAlpha, L, a), want2, 2e-5 * std::fabs(want2) + 1e-6);
+    }
+}
+
+struct Problem {
+  IsaLevel isa;
+  WeightFormat fmt;
+  Epilogue epi;
+  uint8_t variant;
+  int64_t M, N, K;
+  uint32_t seed;
+  std::string repro() const {
+    std::ostringstream s;
+    s << "repro: KT_JIT_ISA=" << isa_name(isa)
+      << " fmt=" << (fmt == WeightFormat::mxfp4 ? "mxfp4" : "mxfp8") << " epi=" << int(epi)
+      << " variant=" << int(variant) << " M=" << M << " N=" << N << " K=" << K << " seed=" << seed;
+    return s.str();
+  }
+};
+
+constexpr float kLimit = 3.0f, kAlpha = 1.702f;
+
+struct Packed {
+  formats::StripLayout layout;
+  std::vector<uint8_t> w;
+  std::vector<std::vector<uint8_t>> src, scl;  // per source: checkpoint bytes and ue8m0 scales
+};
+
+Packed make_weights(const Problem& p) {
+  const bool fp4 = p.fmt == WeightFormat::mxfp4;
+  const int sources = p.epi == Epilogue::siluup ? 2 : 1;
+  Packed pk;
+  pk.layout = formats::mx_layout(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources, fp4);
+  std::mt19937 rng(p.seed);
+  const int64_t row_bytes = fp4 ? p.K / 2 : p.K;
+  for (int s = 0; s < sources; ++s) {
+    pk.src.emplace_back(size_t(p.N * row_bytes));
+    for (auto& b : pk.src.back()) b = uint8_t(rng() & 0xff);  // every code (fp8 NaN codes too)
+    pk.scl.emplace_back(size_t(p.N * p.K / 32));
+    for (auto& e : pk.scl.back()) {
+      const uint32_t r = rng() % 64;  // mostly ordinary magnitudes, now and then tiny ones
+      e = uint8_t(r == 0 ? 0 : r == 1 ? 1 : r == 2 ? 6 : (fp4 ? 121 : 116) + int(r % 8));
+    }
+  }
+  pk.w.resize(size_t(pk.layout.total_bytes()));
+  const uint8_t* ws[2] = {pk.src[0].data(), pk.src.back().data()};
+  const uint8_t* es[2] = {pk.scl[0].data(), pk.scl.back().data()};
+  formats::pack_mx_strips(pk.layout, fp4, ws, row_bytes, es, p.K / 32, pk.w.data());
+  return pk;
+}
+
+KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
+  KernelKey k;
+  k.kind = kind;
+  k.isa = p.isa;
+  k.format = p.fmt;
+  k.m_r = uint8_t(m_r);
+  k.n_vec = uint8_t(n_vec);
+  k.epilogue = p.epi;
+  k.variant = p.variant;
+  return k;
+}
+
+// All M rows over all strips as the executor runs them: prefill blocks + a decode remainder,
+// full strips then the tail strip.
+void run_all(const Problem& p, const Packed& pk, const std::vector<float>& a, int64_t lda_floats,
+             std::vector<float*>& out_rows, const std::vector<float>& rw, bool use_ref,
+             std::vector<std::string>* names) {
+  const auto& l = pk.layout;
+  const int max_rows = gemm_max_rows(p.isa, p.fmt);
+  const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, p.epi);
+  std::vector<float> ones(size_t(p.M), 1.0f);
+  auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
+                  int64_t blocks) {
+    const KernelKey key = key_for(p, kind, m_r, nv);
+    GemmArgs args{};
+    args.a = reinterpret_cast<const int8_t*>(a.data() + row0 * lda_floats);
+    args.lda = lda_floats * 4;
+    args.w = reinterpret_cast<const int8_t*>(pk.w.data() + l.strip_offset(s0));
+    args.n_strips = ns;
+    args.k4 = l.k4;
+    args.a_scale = ones.data() + row0;
+    args.out_rows = out_rows.data() + row0;
+    args.out_col = s0 * out_full;
+    args.row_weight = rw.data() + row0;
+    args.m_blocks = blocks;
+    args.g_steps = l.g_steps;
+    args.g_per_strip = l.groups();
+    args.swiglu_limit = kLimit;
+    args.swiglu_alpha = kAlpha;
+    if (use_ref) {
+      gemm_ref(key, args);
+    } else {
+      const Kernel* k = KernelCache::instance().get(key);
+      ASSERT_NE(k, nullptr) << key.name();
+      if (names) names->push_back(k->name);
+      reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+    }
+  };
+  for (int part = 0; part < 2; ++part) {
+    const int64_t s0 = part ? l.full_strips : 0;
+    const int64_t ns = part ? (l.tail_vecs ? 1 : 0) : l.full_strips;
+    const int nv = part ? l.tail_vecs : l.strip_vecs;
+    if (ns == 0) continue;
+    int64_t row = 0;
+    if (p.M > max_rows) {
+      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, 0, p.M / max_rows);
+      row = p.M / max_rows * max_rows;
+    }
+    if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
+  }
+}
+
+void check_problem(const Problem& p, std::vector<std::string>* names) {
+  const bool fp4 = p.fmt == WeightFormat::mxfp4;
+  Packed pk = make_weights(p);
+  const int64_t lda = p.K + 8;  // floats; a stride off the row length
+  std::vector<float> a(size_t(p.M * lda), 0.0f);
+  const std::vector<float> af = test::random_floats(size_t(p.M * p.K), p.seed + 5, 1.0f);
+  for (int64_t m = 0; m < p.M; ++m)
+    std::memcpy(&a[size_t(m * lda)], &af[size_t(m * p.K)], size_t(p.K) * 4);
+  const std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
+  const int64_t stride = pk.layout.total_cols() + 16;
+  auto outputs = [&](std::vector<float>& buf, std::vector<float*>& rows) {
+    buf = test::random_floats(size_t(p.M * stride), p.seed + 4, 0.5f);
+    for (int64_t m = 0; m < p.M; ++m) rows.push_back(buf.data() + ((m * 7) % p.M) * stride);
+  };
+  std::vector<float> jb, rb;
+  std::vector<float*> jr, rr;
+  outputs(jb, jr);
+  outputs(rb, rr);
+  run_all(p, pk, a, lda, jr, rw, false, names);
+  run_all(p, pk, a, lda, rr, rw, true, nullptr);
+  ASSERT_EQ(0, std::memcmp(jb.data(), rb.data(), jb.size() * 4)) << p.repro();
+
+  if (p.epi != Epilogue::store) return;
+  // The reference against float64 over independently dequantized weights.
+  std::vector<float> row(size_t(p.K));
+  const int64_t row_bytes = fp4 ? p.K / 2 : p.K;
+  for (int64_t n = 0; n < p.N; ++n) {
+    for (int64_t k = 0; k < p.K; ++k) {
+      const int e = pk.scl[0][size_t(n * (p.K / 32) + k / 32)];
+      const uint8_t b = pk.src[0][size_t(n * row_bytes + (fp4 ? k / 2 : k))];
+      const double v = fp4 ? e2m1_value(k % 2 ? b >> 4 : b & 15) : e4m3_value(b);
+      const double s = fp4 && e == 0 ? 0.0 : std::ldexp(1.0, e - 127);
+      row[size_t(k)] = float(v * s);  // one fp32 rounding (only tiny scales round at all)
+    }
+    for (int64_t m = 0; m < p.M; ++m) {
+      double acc = 0, mag = 0;
+      for (int64_t k = 0; k < p.K; ++k) {
+        const double t = double(af[size_t(m * p.K + k)]) * row[size_t(k)];
+        acc += t;
+        mag += std::fabs(t);
+      }
+      ASSERT_NEAR(acc, rr[size_t(m)][n], 1e-6 * mag * double(p.K) + 1e-30)
+          << p.repro() << " m=" << m << " n=" << n;
+    }
+  }
+}
+
+TEST(MxGemm, SweepMatchesReferenceBitwise) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 generators";
+#endif
+  if (test::runnable_levels().empty()) GTEST_SKIP() << "this CPU runs no generated x86 level";
+  const int64_t Ms[] = {1, 2, 3, 4, 5, 6, 8, 13};  // not multiples of 7 (row scramble)
+  const int64_t Ns[] = {1, 16, 40, 64, 100};
+  const int64_t Ks[] = {32, 64, 160};
+  struct Epi {
+    Epilogue e;
+    uint8_t variant;
+  };
+  const Epi epis[] = {{Epilogue::store, 0},
+                      {Epilogue::accum, 0},
+                      {Epilogue::siluup, 0},
+                      {Epilogue::siluup, kSwigluClamp},
+                      {Epilogue::siluup, kSwigluAlpha},
+                      {Epilogue::siluup, kSwigluClamp | kSwigluAlpha}};
+  uint32_t seed = 1;
+  size_t checked = 0;
+  for (IsaLevel isa : test::runnable_levels()) {
+    std::vector<std::string> names;
+    for (WeightFormat fmt : {WeightFormat::mxfp4, WeightFormat::mxfp8})
+      for (const Epi& ep : epis)
+        for (int64_t M : Ms)
+          for (int64_t N : Ns)
+            for (int64_t K : Ks) {
+              check_problem({isa, fmt, ep.e, ep.variant, M, N, K, seed++}, &names);
+              if (HasFatalFailure()) return;
+              ++checked;
+            }
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    EXPECT_GE(names.size(), 80u) << isa_name(isa);
+  }
+  EXPECT_GT(checked, 0u);
+}
+
+TEST(MxGemm, KeysNameFormatAndVariant) {
+  Problem p{IsaLevel::avx2,
+            WeightFormat::mxfp4,
+            Epilogue::siluup,
+            kSwigluClamp | kSwigluAlpha,
+            1,
+            1,
+            32,
+            0};
+  EXPECT_EQ(key_for(p, KernelKind::gemm_decode, 1, 4).name(),
+            "gemm_decode_mxfp4_avx2_m1n32_siluup_alpha_clamp");
+#if defined(__x86_64__)
+  // Every level generates (no execution), and variant bits outside siluup are refused.
+  for (IsaLevel isa :
+       {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni, IsaLevel::avx512_bf16})
+    for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::mxfp8}) {
+      Problem q{isa, f, Epilogue::siluup, kSwigluClamp, 1, 1, 32, 0};
+      EXPECT_GT(
+          KernelCache::generate_only(key_for(q, KernelKind::gemm_prefill, gemm_max_rows(isa, f), 4))
+              ->code.size(),
+          100u);
+    }
+  Problem bad{IsaLevel::avx2, WeightFormat::mxfp8, Epilogue::accum, kSwigluClamp, 1, 1, 32, 0};
+  EXPECT_THROW(KernelCache::generate_only(key_for(bad, KernelKind::gemm_decode, 1, 4)),
+               std::invalid_argument);
+#endif
+}
+
+// The executor end to end: MXFP4 / MXFP8 layers with every SwiGLU variant, generated kernels
+// bitwise against the reference path with 1 and 2 threads and 2 shards, and against float64 math
+// over the dequantized weights.
+TEST(MxMoELayer, ForwardMatchesReferenceAndMath) {
+  const int64_t E = 6, K = 2, H = 96, I = 64;
+  const MoEShape shape{E, K, H, I};
+  ThreadPool p1(1, 1), p2(2, 1);
+  for (const char* method : {"MXFP4", "MXFP8"}) {
+    const bool fp4 = std::string(method) == "MXFP4";
+    std::mt19937 rng(7);
+    // Per expert: gate, up [I, H], down [H, I] checkpoint bytes and ue8m0 scales.
+    std::vector<std::vector<uint8_t>> w(3), sc(3);
+    const int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
+    for (int m = 0; m < 3; ++m) {
+      w[size_t(m)].resize(size_t(E * rows[m] * cols[m] / (fp4 ? 2 : 1)));
+      for (auto& b : w[size_t(m)]) {
+        b = uint8_t(rng() & 0xff);
+        if (!fp4 && (b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
+      }
+      sc[size_t(m)].resize(size_t(E * rows[m] * cols[m] / 32));
+      for (auto& e : sc[size_t(m)]) e = uint8_t((fp4 ? 119 : 113) + rng() % 4);
+    }
+    std::vector<MoELayer::MxExpertSource> src;
+    for (int64_t e = 0; e < E; ++e) {
+      const uint8_t* pw[3];
+      const uint8_t* ps[3];
+      for (int m = 0; m < 3; ++m) {
+        pw[m] = w[size_t(m)].data() + e * rows[m] * cols[m] / (fp4 ? 2 : 1);
+        ps[m] = sc[size_t(m)].data() + e * rows[m] * cols[m] / 32;
+      }
+      src.push_back({e, pw[0], pw[1], pw[2], ps[0], ps[1], ps[2]});
+    }
+    // Dequantized fp32 weights (the kernels' w').
+    std::vector<std::vector<float>> deq(3);
+    for (int m = 0; m < 3; ++m) {
+      deq[size_t(m)].resize(size_t(E * rows[m] * cols[m]));
+      for (int64_t r = 0; r < E * rows[m]; ++r)
+        formats::mx_dequantize_row(fp4, w[size_t(m)].data() + r * cols[m] / (fp4 ? 2 : 1),
+                                   sc[size_t(m)].data() + r * cols[m] / 32, cols[m],
+                                   deq[size_t(m)].data() + r * cols[m]);
+    }
+    for (float limit : {0.0f, 0.5f})
+      for (float alpha : {0.0f, 1.702f}) {
+        MoELayer layer(shape, method, selected_isa(), std::vector<int64_t>{0, 32, I});
+        layer.set_swiglu(limit, alpha);
+        layer.load_experts_mx(src, p2);
+        ASSERT_TRUE(layer.loaded());
+        for (int64_t T : {1, 3, 20}) {
+          const std::vector<float> x = test::random_floats(size_t(T * H), uint32_t(T), 1.0f);
+          std::vector<int64_t> ids(size_t(T * K));
+          std::vector<float> wt(size_t(T * K));
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t j = 0; j < K; ++j) {
+              ids[size_t(t * K + j)] = (t * 5 + j * 3 + (t % 3)) % E;
+              wt[size_t(t * K + j)] = 0.25f + 0.5f * float(j);
+            }
+          if (T > 1) ids[1] = -1;  // skipped slot
+          std::vector<float> o1(size_t(T * H)), o2(size_t(T * H)), oref(size_t(T * H));
+          layer.forward(T, x.data(), ids.data(), wt.data(), nullptr, o1.data(), p1);
+          layer.forward(T, x.data(), ids.data(), wt.data(), nullptr, o2.data(), p2);
+          layer.forward(T, x.data(), ids.data(), wt.data(), nullptr, oref.data(), p1, true);
+          const std::string what = std::string(method) + " L=" + std::to_string(limit) +
+                                   " a=" + std::to_string(alpha) + " T=" + std::to_string(T);
+          ASSERT_EQ(0, std::memcmp(o1.data(), oref.data(), o1.size() * 4)) << what;
+          ASSERT_EQ(0, std::memcmp(o2.data(), oref.data(), o2.size() * 4)) << what;
+          // float64 over the dequantized weights, SPEC §4's activation
+          double err = 0, mag = 0;
+          for (int64_t t = 0; t < T; ++t) {
+            std::vector<double> out(static_cast<size_t>(H), 0.0);
+            for (int64_t j = 0; j < K; ++j) {
+              const int64_t e = ids[size_t(t * K + j)];
+              if (e < 0 || e >= E) continue;
+              std::vector<double> h(static_cast<size_t>(I));
+              for (int64_t i = 0; i < I; ++i) {
+                double g = 0, u = 0;
+                for (int64_t k = 0; k < H; ++k) {
+                  g += double(deq[0][size_t((e * I + i) * H + k)]) * x[size_t(t * H + k)];
+                  u += double(deq[1][size_t((e * I + i) * H + k)]) * x[size_t(t * H + k)];
+                }
+                if (limit > 0) {
+                  g = std::min(g, double(limit));
+                  if (alpha > 0) g = std::max(g, -double(limit));
+                  u = std::max(-double(limit), std::min(u, double(limit)));
+                }
+                h[size_t(i)] = alpha > 0 ? g / (1 + std::exp(-alpha * g)) * (u + 1)
+                                         : g / (1 + std::exp(-g)) * u;
+              }
+              for (int64_t o = 0; o < H; ++o) {
+                double y = 0;
+                for (int64_t i = 0; i < I; ++i)
+                  y += double(deq[2][size_t((e * H + o) * I + i)]) * h[size_t(i)];
+                out[size_t(o)] += double(wt[size_t(t * K + j)]) * y;
+              }
+            }
+            for (int64_t o = 0; o < H; ++o) {
+              err += std::fabs(out[size_t(o)] - o1[size_t(t * H + o)]);
+              mag += std::fabs(out[size_t(o)]);
+            }
+          }
+          EXPECT_LT(err / mag, 1e-5) << what;
+        }
+      }
+  }
+}
+
+}  // namespace
+}  // namespace ktjit
