@@ -1,0 +1,418 @@
+// AArch64 NEON GEMM generator (asmjit a64): the loop nest of jit/x64/gemm.cpp on 128-bit vectors
+//   strips -> [prefill: M blocks] -> K steps (unrolled x4) -> microkernel -> epilogue.
+// A vector holds 4 int32/fp32 lanes, a strip 4 vectors = 16 columns; the packed layout is the same
+// formats::StripLayout ([k4][column][4 k] bytes) with lanes = 4. Accumulator lanes hold one output
+// column each, exactly as on x86, so gemm_ref is the oracle bit for bit:
+//   neon_dotprod, neon_bf16: sdot v.4s, w.16b, a.4b[0] (signed x signed: activations stay int8,
+//                            no +128 offset and no compensation).
+//   neon:                    smull/smull2 (int8 x int8 -> int16), addp (pairs, |sum| <= 2*127*128 <
+//                            2^15, exact), sadalp into the int32 accumulators.
+//   int4:                    the nibble decode to 16*q4 (shl #4 for the low nibble, and 0xf0 for
+//   the
+//                            high one) in front of either dot product.
+//   bf16 (every level):      shll #16 widens bf16 to fp32 exactly, fmla by element: one fused
+//                            multiply-add per k in k order, the reference's fmaf chain. bfdot is
+//                            not used: it takes bf16 activations and rounds its pair sum
+//                            differently, so it could not match the fp32-activation reference.
+// Epilogues as on x86: y = (a_scale*w_scale)*float(acc) (two roundings), then store, siluup (the
+// exp_ref polynomial with fmla in the same order) or accum (fmla = fma(routing_weight, y, out)).
+#include "jit/aarch64/gemm_a64.hpp"
+
+#include <asmjit/arm/a64assembler.h>
+#include <asmjit/core.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "jit/gemm.hpp"
+
+// CMakeLists.txt renames the `stderr` reference of Debian's (PIE-built) libasmjit.a to this
+// variable so the archive links into the Python extension; hidden, so it is reached PC-relative.
+extern "C" __attribute__((visibility("hidden"))) FILE* ktjit_asmjit_stderr;
+FILE* ktjit_asmjit_stderr = stderr;
+
+namespace ktjit::aarch64 {
+namespace {
+
+namespace aj = asmjit;
+namespace a64 = asmjit::a64;
+using a64::GpX;
+using a64::VecV;
+
+class ThrowingErrorHandler : public aj::ErrorHandler {
+ public:
+  void handleError(aj::Error err, const char* message, aj::BaseEmitter*) override {
+    throw std::runtime_error("asmjit a64: " + std::string(message) + " (error " +
+                             std::to_string(err) + ")");
+  }
+};
+
+uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+class GemmA64 {
+ public:
+  explicit GemmA64(const KernelKey& key)
+      : key_(key),
+        nv_(key.n_vec),
+        mr_(key.m_r),
+        dot_(key.isa == IsaLevel::neon_dotprod || key.isa == IsaLevel::neon_bf16),
+        int4_(key.format == WeightFormat::int4),
+        bf16_(key.format == WeightFormat::bf16),
+        prefill_(key.kind == KernelKind::gemm_prefill) {
+    if (!isa_is_neon(key.isa))
+      throw std::invalid_argument("gemm (aarch64): not a NEON level: " + key.describe());
+    if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
+        key.format != WeightFormat::bf16)
+      throw std::invalid_argument(
+          "gemm (aarch64): weight format not generated for NEON (int8, int4 and bf16 are): " +
+          key.describe());
+    if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > gemm_max_rows(key.isa, key.format))
+      throw std::invalid_argument("gemm (aarch64): tile out of range: " + key.describe());
+    if (key.epilogue == Epilogue::siluup && nv_ % 2)
+      throw std::invalid_argument("gemm (aarch64): siluup needs an even number of vectors");
+    code_.init(aj::Environment(aj::Arch::kAArch64));
+    code_.setErrorHandler(&eh_);
+    a_ = std::make_unique<a64::Assembler>(&code_);
+    generate();
+  }
+
+  std::vector<uint8_t> bytes() {
+    code_.flatten();
+    code_.resolveUnresolvedLinks();
+    std::vector<uint8_t> out(code_.codeSize());
+    code_.copyFlattenedData(out.data(), out.size(), aj::CopySectionFlags::kPadSectionBuffer);
+    return out;
+  }
+
+ private:
+  // ---- register roles (AAPCS64: x0-x17 are caller-saved; v8-v15 low halves are saved) --------
+  const GpX reg_args = a64::x0;
+  const GpX reg_w = a64::x1;                               // weight stream
+  GpX a_row(int m) const { return GpX(uint32_t(2 + m)); }  // x2..x7: rows of the block, along K
+  const GpX reg_lda = a64::x8;
+  const GpX reg_k = a64::x9;        // K-step counter
+  const GpX reg_row = a64::x10;     // first row of the current block
+  const GpX reg_wscale = a64::x11;  // strip's scales
+  const GpX reg_strips = a64::x12;  // strips left
+  const GpX reg_col = a64::x13;     // strip's first output column, in bytes
+  const GpX reg_mb = a64::x14;      // M-block counter (prefill)
+  const GpX reg_strip = a64::x15;   // strip start (prefill re-reads it per block)
+  const GpX reg_tmp = a64::x16;
+  const GpX reg_tmp2 = a64::x17;
+
+  // v0..v23: accumulators (row-major over the tile); v24..v31: scratch.
+  static VecV v(int i) { return VecV(uint32_t(i)); }
+  VecV acc(int m, int vv) const { return v(m * nv_ + vv); }
+  static VecV wreg(int vv) { return v(24 + vv); }     // weights of vector vv at one K step
+  static VecV act(int m) { return v(28 + (m & 1)); }  // sdot / bf16: one row's activation
+  static VecV wide_act() { return v(28); }            // widening path: replicated activation
+  static VecV wide_t(int i) { return v(29 + i); }     // widening path: two int16 products
+  static VecV nib_mask() { return v(31); }            // int4: 0xf0 bytes
+
+  int lanes() const { return 4; }
+  int strip_cols() const { return nv_ * lanes(); }
+  int strip_k4_bytes() const { return strip_cols() * 4; }
+  int step_bytes() const {
+    return bf16_ ? strip_cols() * 2 : int4_ ? strip_k4_bytes() / 2 : strip_k4_bytes();
+  }
+  int out_cols() const { return gemm_strip_out_cols(key_.isa, nv_, key_.epilogue); }
+  static aj::arm::Mem arg(size_t off) { return a64::ptr(a64::x0, int32_t(off)); }
+
+  a64::Assembler& as() { return *a_; }
+
+  // ---- loop nest --------------------------------------------------------------------------
+  void generate() {
+    auto& a = as();
+    // Save d8-d15 (callee-saved low halves of v8-v15).
+    a.stp(a64::d8, a64::d9, a64::ptr_pre(a64::sp, -64));
+    a.stp(a64::d10, a64::d11, a64::ptr(a64::sp, 16));
+    a.stp(a64::d12, a64::d13, a64::ptr(a64::sp, 32));
+    a.stp(a64::d14, a64::d15, a64::ptr(a64::sp, 48));
+    pool_ = a.newLabel();
+    aj::Label strip_loop = a.newLabel(), done = a.newLabel();
+    a.ldr(reg_strips, arg(offsetof(GemmArgs, n_strips)));
+    a.cmp(reg_strips, 0);
+    a.b_le(done);
+    a.ldr(reg_w, arg(offsetof(GemmArgs, w)));
+    a.ldr(reg_lda, arg(offsetof(GemmArgs, lda)));
+    a.ldr(reg_wscale, arg(offsetof(GemmArgs, w_scale)));
+    a.ldr(reg_col, arg(offsetof(GemmArgs, out_col)));
+    a.lsl(reg_col, reg_col, 2);
+    a.bind(strip_loop);
+    {
+      a.mov(reg_strip, reg_w);
+      a.mov(reg_row, 0);
+      if (prefill_) {
+        aj::Label mb_loop = a.newLabel(), mb_done = a.newLabel();
+        a.ldr(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
+        a.cmp(reg_mb, 0);
+        a.b_le(mb_done);
+        a.bind(mb_loop);
+        a.mov(reg_w, reg_strip);
+        compute_block();
+        a.add(reg_row, reg_row, mr_);
+        a.subs(reg_mb, reg_mb, 1);
+        a.b_ne(mb_loop);
+        a.bind(mb_done);
+        // Leave reg_w at the next strip whether or not any block ran.
+        a.ldr(reg_tmp, arg(offsetof(GemmArgs, k4)));
+        a.mov(reg_tmp2, step_bytes());
+        a.madd(reg_w, reg_tmp, reg_tmp2, reg_strip);
+      } else {
+        compute_block();  // leaves reg_w at the next strip
+      }
+      a.add(reg_wscale, reg_wscale, strip_cols() * 4);
+      a.add(reg_col, reg_col, out_cols() * 4);
+      a.subs(reg_strips, reg_strips, 1);
+      a.b_ne(strip_loop);
+    }
+    a.bind(done);
+    a.ldp(a64::d14, a64::d15, a64::ptr(a64::sp, 48));
+    a.ldp(a64::d12, a64::d13, a64::ptr(a64::sp, 32));
+    a.ldp(a64::d10, a64::d11, a64::ptr(a64::sp, 16));
+    a.ldp(a64::d8, a64::d9, a64::ptr_post(a64::sp, 64));
+    a.ret(a64::x30);
+    emit_constants();
+  }
+
+  // One register tile: rows [reg_row, reg_row + mr) x the current strip, over all of K.
+  void compute_block() {
+    auto& a = as();
+    a.ldr(reg_tmp, arg(offsetof(GemmArgs, a)));
+    a.madd(a_row(0), reg_row, reg_lda, reg_tmp);
+    for (int m = 1; m < mr_; ++m) a.add(a_row(m), a_row(m - 1), reg_lda);
+    for (int m = 0; m < mr_; ++m)
+      for (int vv = 0; vv < nv_; ++vv) a.movi(acc(m, vv).b16(), 0);
+    if (int4_) a.movi(nib_mask().b16(), 0xf0);  // per block: the siluup epilogue reuses v31
+    k_loop();
+    epilogue();
+  }
+
+  static constexpr int kUnroll = 4;
+
+  void k_loop() {
+    auto& a = as();
+    aj::Label loop = a.newLabel(), tail = a.newLabel(), tail_loop = a.newLabel(),
+              done = a.newLabel();
+    a.ldr(reg_k, arg(offsetof(GemmArgs, k4)));
+    a.cmp(reg_k, kUnroll);
+    a.b_lt(tail);
+    a.bind(loop);
+    for (int u = 0; u < kUnroll; ++u) microkernel(u);
+    advance(kUnroll);
+    a.sub(reg_k, reg_k, kUnroll);
+    a.cmp(reg_k, kUnroll);
+    a.b_ge(loop);
+    a.bind(tail);
+    a.cmp(reg_k, 0);
+    a.b_le(done);
+    a.bind(tail_loop);
+    {
+      // 4-bit strips pack two K steps per byte block (k4 is even), so their tail goes by pairs.
+      const int g = int4_ ? 2 : 1;
+      for (int u = 0; u < g; ++u) microkernel(u);
+      advance(g);
+      a.subs(reg_k, reg_k, g);
+      a.b_ne(tail_loop);
+    }
+    a.bind(done);
+  }
+
+  void advance(int steps) {
+    auto& a = as();
+    for (int m = 0; m < mr_; ++m) a.add(a_row(m), a_row(m), 4 * steps);
+    a.add(reg_w, reg_w, step_bytes() * steps);
+  }
+
+  // Weights of vector vv at K step u (u steps past reg_w) into wreg(vv), decoded to int8.
+  void load_weights(int vv, int u) {
+    auto& a = as();
+    const VecV w = wreg(vv);
+    if (bf16_) {
+      a.ldr(a64::VecD(w.id()), a64::ptr(reg_w, u * step_bytes() + vv * 8));
+      a.shll(w.s4(), w.h4(), 16);  // bf16 -> fp32, exact
+      return;
+    }
+    const int off = int4_ ? (u / 2) * strip_k4_bytes() + vv * 16 : u * strip_k4_bytes() + vv * 16;
+    a.ldr(w, a64::ptr(reg_w, off));
+    if (int4_) {
+      if (u % 2 == 0)
+        a.shl(w.b16(), w.b16(), 4);  // low nibble -> 16 * q4
+      else
+        a.and_(w.b16(), w.b16(), nib_mask().b16());  // high nibble -> 16 * q4
+    }
+  }
+
+  // One K step: 4 k (integer) or 1 k (bf16) for every (row, vector) of the tile.
+  void microkernel(int u) {
+    auto& a = as();
+    for (int vv = 0; vv < nv_; ++vv) load_weights(vv, u);
+    for (int m = 0; m < mr_; ++m) {
+      if (bf16_ || dot_) {
+        const VecV x = act(m);
+        a.ldr(a64::VecS(x.id()), a64::ptr(a_row(m), 4 * u));
+        for (int vv = 0; vv < nv_; ++vv) {
+          if (bf16_)
+            a.fmla(acc(m, vv).s4(), wreg(vv).s4(), x.s(0));
+          else
+            a.sdot(acc(m, vv).s4(), wreg(vv).b16(), x.b4(0));
+        }
+        continue;
+      }
+      // Widening path: the row's 4 activation bytes repeated over the vector, so bytes 4c..4c+3 of
+      // the weights (column c, 4 k) meet a[0..3].
+      const VecV x = wide_act();
+      a.ldr(a64::VecS(x.id()), a64::ptr(a_row(m), 4 * u));
+      a.dup(x.s4(), x.s(0));
+      for (int vv = 0; vv < nv_; ++vv) {
+        const VecV t0 = wide_t(0), t1 = wide_t(1);
+        a.smull(t0.h8(), wreg(vv).b8(), x.b8());     // columns 0,1 x 4 k
+        a.smull2(t1.h8(), wreg(vv).b16(), x.b16());  // columns 2,3 x 4 k
+        a.addp(t0.h8(), t0.h8(), t1.h8());           // pair sums, |.| <= 2*127*128: exact int16
+        a.sadalp(acc(m, vv).s4(), t0.h8());          // acc[c] += both pairs of column c
+      }
+    }
+  }
+
+  // ---- epilogue -----------------------------------------------------------------------------
+  void epilogue() {
+    auto& a = as();
+    if (!bf16_) {  // bf16: the fp32 accumulators are the result
+      // y = (a_scale * w_scale) * float(acc)
+      const VecV s = v(24), t = v(25);
+      a.ldr(reg_tmp, arg(offsetof(GemmArgs, a_scale)));
+      a.add(reg_tmp, reg_tmp, reg_row, aj::arm::lsl(2));
+      for (int m = 0; m < mr_; ++m) {
+        a.ldr(a64::VecS(s.id()), a64::ptr(reg_tmp, 4 * m));
+        for (int vv = 0; vv < nv_; ++vv) {
+          a.ldr(t, a64::ptr(reg_wscale, 16 * vv));
+          a.fmul(t.s4(), t.s4(), s.s(0));  // a_scale * w_scale (commutative: one rounding)
+          a.scvtf(acc(m, vv).s4(), acc(m, vv).s4());
+          a.fmul(acc(m, vv).s4(), t.s4(), acc(m, vv).s4());
+        }
+      }
+    }
+    switch (key_.epilogue) {
+      case Epilogue::store: store_rows(); break;
+      case Epilogue::siluup: siluup_rows(); break;
+      case Epilogue::accum: accum_rows(); break;
+    }
+  }
+
+  // dst = out_rows[row + m] + col
+  void out_row_ptr(const GpX& dst, int m) {
+    auto& a = as();
+    a.ldr(dst, arg(offsetof(GemmArgs, out_rows)));
+    a.add(dst, dst, reg_row, aj::arm::lsl(3));
+    a.ldr(dst, a64::ptr(dst, 8 * m));
+    a.add(dst, dst, reg_col);
+  }
+
+  void store_rows() {
+    auto& a = as();
+    for (int m = 0; m < mr_; ++m) {
+      out_row_ptr(reg_tmp, m);
+      for (int vv = 0; vv < nv_; ++vv) a.str(acc(m, vv), a64::ptr(reg_tmp, 16 * vv));
+    }
+  }
+
+  void accum_rows() {
+    auto& a = as();
+    const VecV wgt = v(24), o = v(25);
+    a.ldr(reg_tmp2, arg(offsetof(GemmArgs, row_weight)));
+    a.add(reg_tmp2, reg_tmp2, reg_row, aj::arm::lsl(2));
+    for (int m = 0; m < mr_; ++m) {
+      out_row_ptr(reg_tmp, m);
+      a.ldr(a64::VecS(wgt.id()), a64::ptr(reg_tmp2, 4 * m));
+      for (int vv = 0; vv < nv_; ++vv) {
+        a.ldr(o, a64::ptr(reg_tmp, 16 * vv));
+        a.fmla(o.s4(), acc(m, vv).s4(), wgt.s(0));  // o = fma(w, y, o)
+        a.str(o, a64::ptr(reg_tmp, 16 * vv));
+      }
+    }
+  }
+
+  // Constant pool offsets (16 bytes each: one value repeated over a vector).
+  enum Const { kMax = 0, kMin, kLog2e, kPoly0, kOne = kPoly0 + 6, kNumConsts };
+
+  // h = g / (1 + exp(-g)) * u with exp(x) = 2^i * p(f), x*log2e = i + f, i = rne (exp_ref).
+  void siluup_rows() {
+    auto& a = as();
+    const VecV x = v(24), r = v(25), cmax = v(28), cmin = v(29), clog = v(30), bias = v(31);
+    VecV p = v(26), t = v(27);
+    a.adr(reg_tmp2, pool_);
+    a.ldr(cmax, a64::ptr(reg_tmp2, 16 * kMax));
+    a.ldr(cmin, a64::ptr(reg_tmp2, 16 * kMin));
+    a.ldr(clog, a64::ptr(reg_tmp2, 16 * kLog2e));
+    a.movi(bias.s4(), 127);
+    const int half = nv_ / 2;
+    for (int m = 0; m < mr_; ++m) {
+      out_row_ptr(reg_tmp, m);
+      for (int vv = 0; vv < half; ++vv) {
+        const VecV g = acc(m, vv), u = acc(m, vv + half);
+        a.fneg(x.s4(), g.s4());
+        a.fmin(x.s4(), x.s4(), cmax.s4());
+        a.fmax(x.s4(), x.s4(), cmin.s4());
+        a.fmul(x.s4(), x.s4(), clog.s4());
+        a.frintn(r.s4(), x.s4());
+        a.fsub(x.s4(), x.s4(), r.s4());  // f
+        a.ldr(p, a64::ptr(reg_tmp2, 16 * (kPoly0 + 5)));
+        for (int c = 4; c >= 0; --c) {  // p = fma(p, f, c)
+          a.ldr(t, a64::ptr(reg_tmp2, 16 * (kPoly0 + c)));
+          a.fmla(t.s4(), p.s4(), x.s4());
+          std::swap(p, t);
+        }
+        a.fcvtzs(r.s4(), r.s4());  // integral already: exact
+        a.add(r.s4(), r.s4(), bias.s4());
+        a.shl(r.s4(), r.s4(), 23);  // 2^i
+        a.fmul(p.s4(), p.s4(), r.s4());
+        a.ldr(t, a64::ptr(reg_tmp2, 16 * kOne));
+        a.fadd(p.s4(), p.s4(), t.s4());
+        a.fdiv(g.s4(), g.s4(), p.s4());
+        a.fmul(g.s4(), g.s4(), u.s4());
+        a.str(g, a64::ptr(reg_tmp, 16 * vv));
+      }
+    }
+  }
+
+  void emit_constants() {
+    auto& a = as();
+    a.align(aj::AlignMode::kData, 16);
+    a.bind(pool_);
+    const float poly[6] = {0.9999999995f, 0.6931471805f, 0.2402265069f,
+                           0.0555041087f, 0.0096181291f, 0.0013333558f};
+    uint32_t c[kNumConsts];
+    c[kMax] = f32_bits(88.0f);
+    c[kMin] = f32_bits(-87.0f);
+    c[kLog2e] = f32_bits(1.44269504089f);
+    for (int i = 0; i < 6; ++i) c[kPoly0 + i] = f32_bits(poly[i]);
+    c[kOne] = f32_bits(1.0f);
+    for (uint32_t x : c) a.embedUInt32(x, 4);
+  }
+
+  const KernelKey key_;
+  const int nv_, mr_;
+  const bool dot_, int4_, bf16_, prefill_;
+  ThrowingErrorHandler eh_;
+  aj::CodeHolder code_;
+  std::unique_ptr<a64::Assembler> a_;
+  aj::Label pool_;
+};
+
+}  // namespace
+
+std::vector<uint8_t> generate_gemm(const KernelKey& key) {
+  GemmA64 g(key);
+  return g.bytes();
+}
+
+}  // namespace ktjit::aarch64

@@ -1,0 +1,372 @@
+// AArch64: the HWCAP probe and the NEON GEMM generator (jit/aarch64/gemm_a64.cpp).
+// On an AArch64 build (natively or under qemu-aarch64, tests/emu/run_aarch64.sh) every generated
+// NEON kernel at every level the CPU runs is checked against gemm_ref bit for bit, over small
+// tail-heavy shapes (emulation is 30-700x slower). On x86-64 the generator still runs (it is what
+// kt-jit-dump --isa neon prints), so generation and the refusals are checked there too.
+//   KT_JIT_EXPECT_ISA=<level>  A64Cpu.SelectedLevelIsExpected fails unless that level is selected
+//                              (the qemu run asserts neon_bf16 under -cpu max, neon under
+//                              -cpu cortex-a72).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "formats/int8.hpp"
+#include "jit/gemm.hpp"
+#include "jit/kernel.hpp"
+#include "test_util.hpp"
+
+namespace ktjit {
+namespace {
+
+const IsaLevel kNeonLevels[] = {IsaLevel::neon, IsaLevel::neon_dotprod, IsaLevel::neon_bf16};
+
+KernelKey a64_key(IsaLevel isa, KernelKind kind, int m_r, int n_vec, Epilogue epi,
+                  WeightFormat fmt) {
+  KernelKey k;
+  k.kind = kind;
+  k.isa = isa;
+  k.format = fmt;
+  k.m_r = uint8_t(m_r);
+  k.n_vec = uint8_t(n_vec);
+  k.epilogue = epi;
+  return k;
+}
+
+// ---- probe ----------------------------------------------------------------------------------
+
+TEST(A64Cpu, NeonLevelsFollowTheHwcaps) {
+  CpuFeatures f;
+  f.aarch64 = true;
+  f.asimd = true;
+  EXPECT_TRUE(level_usable(IsaLevel::neon, f));
+  EXPECT_FALSE(level_usable(IsaLevel::neon_dotprod, f));
+  EXPECT_FALSE(level_usable(IsaLevel::avx2, f));  // never the other architecture's levels
+  f.asimd_dp = true;
+  EXPECT_TRUE(level_usable(IsaLevel::neon_dotprod, f));
+  EXPECT_FALSE(level_usable(IsaLevel::neon_bf16, f));
+  auto missing = missing_for(IsaLevel::neon_bf16, f);
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_NE(missing[0].find("HWCAP2_BF16"), std::string::npos);
+  f.arm_bf16 = true;
+  EXPECT_TRUE(level_usable(IsaLevel::neon_bf16, f));
+  CpuFeatures x86;  // an x86 CPU with everything: still no NEON level
+  x86.avx2 = x86.fma = x86.f16c = x86.os_avx = true;
+  EXPECT_TRUE(level_usable(IsaLevel::avx2, x86));
+  EXPECT_FALSE(level_usable(IsaLevel::neon, x86));
+  EXPECT_EQ(parse_isa("neon_dotprod"), IsaLevel::neon_dotprod);
+  EXPECT_STREQ(isa_tag(IsaLevel::neon_dotprod), "neondot");
+}
+
+TEST(A64Cpu, ProbeMatchesThisArchitecture) {
+  const CpuFeatures& f = cpu_features();
+#if defined(__aarch64__)
+  EXPECT_TRUE(f.aarch64);
+  EXPECT_TRUE(f.asimd) << "every AArch64 Linux CPU has Advanced SIMD";
+  const IsaLevel want = f.asimd_dp && f.arm_bf16 ? IsaLevel::neon_bf16
+                        : f.asimd_dp             ? IsaLevel::neon_dotprod
+                                                 : IsaLevel::neon;
+  EXPECT_EQ(detected_isa(), want);
+  std::printf("a64: hwcap 0x%llx hwcap2 0x%llx asimddp %d bf16 %d detected %s\n",
+              (unsigned long long)f.hwcap, (unsigned long long)f.hwcap2, int(f.asimd_dp),
+              int(f.arm_bf16), isa_name(detected_isa()));
+#else
+  EXPECT_FALSE(f.aarch64);
+  EXPECT_FALSE(isa_is_neon(detected_isa()));
+  EXPECT_FALSE(level_usable(IsaLevel::neon, f));
+#endif
+}
+
+TEST(A64Cpu, SelectedLevelIsExpected) {
+  const char* want = std::getenv("KT_JIT_EXPECT_ISA");
+  std::printf("a64: selected isa %s\n", isa_name(selected_isa()));
+  if (!want || !*want)
+    GTEST_SKIP() << "KT_JIT_EXPECT_ISA not set (tests/emu/run_aarch64.sh sets it)";
+  EXPECT_STREQ(isa_name(selected_isa()), want);
+}
+
+// ---- generation (any host) ------------------------------------------------------------------
+
+TEST(A64Gemm, GeneratesEveryNeonKernelOnAnyHost) {
+  size_t kernels = 0;
+  for (IsaLevel isa : kNeonLevels)
+    for (WeightFormat fmt : {WeightFormat::int8, WeightFormat::int4, WeightFormat::bf16})
+      for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+        for (KernelKind kind : {KernelKind::gemm_decode, KernelKind::gemm_prefill})
+          for (int nv = 1; nv <= kStripVecs; ++nv) {
+            if (epi == Epilogue::siluup && nv % 2) continue;
+            for (int m = 1; m <= gemm_max_rows(isa, fmt); ++m) {
+              auto k = KernelCache::generate_only(a64_key(isa, kind, m, nv, epi, fmt));
+              ASSERT_GT(k->code.size(), 64u) << k->name;
+              ASSERT_EQ(k->code.size() % 4, 0u) << k->name;
+              ASSERT_NE(k->name.find(isa_tag(isa)), std::string::npos) << k->name;
+              ++kernels;
+            }
+          }
+  EXPECT_GT(kernels, 400u);
+  EXPECT_EQ(vec_lanes(IsaLevel::neon), 4);
+  EXPECT_FALSE(int8_activation_offset(IsaLevel::neon_bf16));
+  EXPECT_EQ(KernelCache::generate_only(a64_key(IsaLevel::neon_dotprod, KernelKind::gemm_decode, 1,
+                                               4, Epilogue::store, WeightFormat::int8))
+                ->name,
+            "gemm_decode_int8_neondot_m1n16_store");
+}
+
+TEST(A64Gemm, RefusesWhatItDoesNotBuild) {
+  try {
+    KernelCache::generate_only(a64_key(IsaLevel::neon_dotprod, KernelKind::gemm_decode, 1, 4,
+                                       Epilogue::store, WeightFormat::fp8));
+    FAIL() << "fp8 generated for NEON";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("not generated for NEON"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon, KernelKind::gemm_decode, 5, 4,
+                                                  Epilogue::store, WeightFormat::int8)),
+               std::invalid_argument);  // the widening path holds 4 rows
+  EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon_dotprod, KernelKind::gemm_decode,
+                                                  7, 4, Epilogue::store, WeightFormat::int8)),
+               std::invalid_argument);
+  EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon, KernelKind::gemm_decode, 1, 3,
+                                                  Epilogue::siluup, WeightFormat::bf16)),
+               std::invalid_argument);
+}
+
+// ---- execution (AArch64 only) ---------------------------------------------------------------
+
+struct Problem {
+  IsaLevel isa;
+  WeightFormat fmt;
+  Epilogue epi;
+  int64_t M, N, K;
+  uint32_t seed;
+  std::string repro() const {
+    std::ostringstream s;
+    s << "repro: KT_JIT_ISA=" << isa_name(isa) << " fmt=" << int(fmt) << " epi=" << int(epi)
+      << " M=" << M << " N=" << N << " K=" << K << " seed=" << seed;
+    return s.str();
+  }
+};
+
+struct Packed {
+  formats::StripLayout layout;
+  std::vector<int8_t> w;
+  std::vector<float> scale;
+  std::vector<int32_t> comp;
+  std::vector<std::vector<int8_t>> q;
+  std::vector<std::vector<float>> d;
+};
+
+Packed make_weights(const Problem& p) {
+  Packed pk;
+  const int sources = p.epi == Epilogue::siluup ? 2 : 1;
+  const bool int4 = p.fmt == WeightFormat::int4, bf16 = p.fmt == WeightFormat::bf16;
+  pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources,
+                                         bf16   ? 16
+                                         : int4 ? 4
+                                                : 8);
+  pk.w.resize(size_t(pk.layout.total_bytes()));
+  pk.scale.resize(size_t(pk.layout.total_cols()));
+  pk.comp.resize(size_t(pk.layout.total_cols()));
+  if (bf16) {
+    std::vector<std::vector<float>> wf;
+    for (int s = 0; s < sources; ++s)
+      wf.push_back(test::random_floats(size_t(p.N * p.K), p.seed + 10 * uint32_t(s), 0.1f));
+    const float* ws[2] = {wf[0].data(), wf.back().data()};
+    formats::pack_bf16_strips(pk.layout, ws, reinterpret_cast<uint16_t*>(pk.w.data()),
+                              pk.scale.data(), pk.comp.data());
+    return pk;
+  }
+  std::mt19937 rng(p.seed);
+  std::uniform_int_distribution<int> qd(-127, 127);
+  std::uniform_real_distribution<float> sd(0.001f, 0.02f);
+  for (int s = 0; s < sources; ++s) {
+    pk.q.emplace_back(size_t(p.N * p.K));
+    pk.d.emplace_back(size_t(p.N));
+    for (auto& x : pk.q.back()) x = int8_t(int4 ? 16 * (qd(rng) % 8) : qd(rng));  // 16*[-7,7]
+    for (auto& x : pk.d.back()) x = sd(rng);
+  }
+  const int8_t* qs[2] = {pk.q[0].data(), pk.q.back().data()};
+  const float* ds[2] = {pk.d[0].data(), pk.d.back().data()};
+  formats::pack_int8_strips(pk.layout, qs, ds, pk.w.data(), pk.scale.data(), pk.comp.data());
+  return pk;
+}
+
+// All M rows over all strips the way the executor calls kernels: prefill blocks of max rows plus
+// one decode call for the remainder, full strips then the tail strip.
+void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, int64_t lda,
+             const std::vector<float>& as, std::vector<float*>& out_rows,
+             const std::vector<float>& rw, bool use_ref, std::vector<std::string>* names) {
+  const auto& l = pk.layout;
+  const int max_rows = gemm_max_rows(p.isa, p.fmt);
+  const int full_cols = l.strip_cols(l.strip_vecs);
+  const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, p.epi);
+  auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
+                  int64_t blocks) {
+    KernelKey key = a64_key(p.isa, kind, m_r, nv, p.epi, p.fmt);
+    GemmArgs args{};
+    args.a = a.data() + row0 * lda;
+    args.lda = lda;
+    args.w = pk.w.data() + l.strip_offset(s0);
+    args.n_strips = ns;
+    args.k4 = l.k4;
+    args.a_scale = as.data() + row0;
+    args.w_scale = pk.scale.data() + s0 * full_cols;
+    args.w_comp = pk.comp.data() + s0 * full_cols;
+    args.out_rows = out_rows.data() + row0;
+    args.out_col = s0 * out_full;
+    args.row_weight = rw.data() + row0;
+    args.m_blocks = blocks;
+    if (use_ref) {
+      gemm_ref(key, args);
+    } else {
+      const Kernel* k = KernelCache::instance().get(key);
+      ASSERT_NE(k, nullptr) << key.name();
+      if (names) names->push_back(k->name);
+      reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+    }
+  };
+  for (int part = 0; part < 2; ++part) {
+    const int64_t s0 = part ? l.full_strips : 0;
+    const int64_t ns = part ? (l.tail_vecs ? 1 : 0) : l.full_strips;
+    const int nv = part ? l.tail_vecs : l.strip_vecs;
+    if (ns == 0) continue;
+    int64_t row = 0;
+    if (p.M > max_rows) {
+      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, 0, p.M / max_rows);
+      row = p.M / max_rows * max_rows;
+    }
+    if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
+  }
+}
+
+void check_problem(const Problem& p, std::vector<std::string>* names) {
+  Packed pk = make_weights(p);
+  const bool f32_rows = p.fmt == WeightFormat::bf16;
+  const int64_t lda = (pk.layout.padded_k() + 8) * (f32_rows ? 4 : 1);
+  std::mt19937 rng(p.seed + 1);
+  std::uniform_int_distribution<int> qd(-127, 127);
+  std::vector<int8_t> a(size_t(p.M * lda), 0);
+  std::vector<float> af = test::random_floats(size_t(p.M * p.K), p.seed + 5, 1.0f);
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t k = 0; k < p.K; ++k) {
+      if (f32_rows)
+        std::memcpy(&a[size_t(m * lda + k * 4)], &af[size_t(m * p.K + k)], 4);
+      else
+        a[size_t(m * lda + k)] = int8_t(qd(rng));
+    }
+  std::vector<float> as = test::random_floats(size_t(p.M), p.seed + 2, 0.01f);
+  for (auto& x : as) x = std::fabs(x) + 1e-3f;
+  // Routing weights; some gate values large enough to reach the exp clamps.
+  std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
+  const int64_t stride = pk.layout.total_cols() + 16;
+  std::vector<float> jit_buf = test::random_floats(size_t(p.M * stride), p.seed + 4, 0.5f);
+  std::vector<float> ref_buf = jit_buf;
+  std::vector<float*> jit_rows, ref_rows;
+  for (int64_t m = 0; m < p.M; ++m) {  // rows scrambled, as the down epilogue scatters to tokens
+    jit_rows.push_back(jit_buf.data() + ((m * 7) % p.M) * stride);
+    ref_rows.push_back(ref_buf.data() + ((m * 7) % p.M) * stride);
+  }
+  run_all(p, pk, a, lda, as, jit_rows, rw, false, names);
+  if (::testing::Test::HasFatalFailure()) return;
+  run_all(p, pk, a, lda, as, ref_rows, rw, true, nullptr);
+  ASSERT_EQ(0, std::memcmp(jit_buf.data(), ref_buf.data(), jit_buf.size() * 4)) << p.repro();
+  // The reference itself against exact int64 math for the integer formats.
+  if (p.epi == Epilogue::store && !f32_rows) {
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t n = 0; n < p.N; ++n) {
+        int64_t acc = 0;
+        for (int64_t k = 0; k < p.K; ++k)
+          acc += int64_t(a[size_t(m * lda + k)]) * pk.q[0][size_t(n * p.K + k)];
+        const float want = (as[size_t(m)] * pk.d[0][size_t(n)]) * float(acc);
+        ASSERT_EQ(want, ref_rows[size_t(m)][n]) << p.repro() << " m=" << m << " n=" << n;
+      }
+  }
+}
+
+TEST(A64Gemm, SweepMatchesReferenceBitwise) {
+#if !defined(__aarch64__)
+  GTEST_SKIP() << "runs generated AArch64 code: an AArch64 host or qemu-aarch64 "
+                  "(tests/emu/run_aarch64.sh)";
+#endif
+  // Emulation-sized: M covers decode 1..max rows and prefill blocks plus a remainder (max rows is
+  // 4 or 6), N full strips of 16 columns and tails (siluup strips hold 8 gate + 8 up rows), K the
+  // unrolled loop and its tail (int4 pads K to 8).
+  const int64_t Ms[] = {1, 3, 5, 6, 13};
+  const int64_t Ns[] = {1, 7, 16, 24, 40};
+  const int64_t Ks[] = {1, 5, 12, 36};
+  const auto levels = test::runnable_levels();
+  if (levels.empty()) GTEST_SKIP() << "no NEON level selected (KT_JIT_ISA=ref?)";
+  uint32_t seed = 1;
+  size_t checked = 0;
+  for (IsaLevel isa : levels) {
+    std::vector<std::string> names;
+    for (WeightFormat fmt : {WeightFormat::int8, WeightFormat::int4, WeightFormat::bf16})
+      for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+        for (int64_t M : Ms)
+          for (int64_t N : Ns)
+            for (int64_t K : Ks) {
+              check_problem({isa, fmt, epi, M, N, K, seed++}, &names);
+              if (HasFatalFailure()) return;
+              ++checked;
+            }
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    EXPECT_GE(names.size(), 80u) << isa_name(isa);
+    std::printf("a64: %s: %zu kernels generated, run and equal to gemm_ref\n", isa_name(isa),
+                names.size());
+  }
+  std::printf("a64: sweep %zu problems at %zu level(s)\n", checked, levels.size());
+  EXPECT_GT(checked, 0u);
+}
+
+TEST(A64Gemm, SiluClampsAndSpecialValuesMatchReference) {
+#if !defined(__aarch64__)
+  GTEST_SKIP() << "runs generated AArch64 code: an AArch64 host or qemu-aarch64";
+#endif
+  // bf16 weights of 1.0 and one K step make the gate/up values the activations themselves, so
+  // the epilogue sees chosen values: the clamps at -87/88, zeros, tiny and huge gates.
+  const auto levels = test::runnable_levels();
+  if (levels.empty()) GTEST_SKIP() << "no NEON level selected";
+  const float gates[8] = {-200.0f, -88.5f, -87.0f, -1e-20f, 0.0f, 3.5f, 87.9f, 300.0f};
+  for (IsaLevel isa : levels) {
+    formats::StripLayout l = formats::StripLayout::make(8, 1, 4, kStripVecs, 2, 16);
+    std::vector<float> ones(8, 1.0f);
+    const float* ws[2] = {ones.data(), ones.data()};
+    std::vector<uint16_t> w(size_t(l.total_bytes() / 2));
+    std::vector<float> scale(size_t(l.total_cols()));
+    std::vector<int32_t> comp(size_t(l.total_cols()));
+    formats::pack_bf16_strips(l, ws, w.data(), scale.data(), comp.data());
+    for (float g : gates) {
+      float a[4] = {g, 0, 0, 0};
+      float out_jit[8] = {}, out_ref[8] = {};
+      float* rows_jit[1] = {out_jit};
+      float* rows_ref[1] = {out_ref};
+      GemmArgs args{};
+      args.a = reinterpret_cast<const int8_t*>(a);
+      args.lda = 16;
+      args.w = reinterpret_cast<const int8_t*>(w.data());
+      args.n_strips = 1;
+      args.k4 = 1;
+      args.a_scale = ones.data();
+      args.w_scale = scale.data();
+      args.w_comp = comp.data();
+      args.out_rows = rows_jit;
+      args.row_weight = ones.data();
+      KernelKey key =
+          a64_key(isa, KernelKind::gemm_decode, 1, 4, Epilogue::siluup, WeightFormat::bf16);
+      const Kernel* k = KernelCache::instance().get(key);
+      ASSERT_NE(k, nullptr);
+      reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+      args.out_rows = rows_ref;
+      gemm_ref(key, args);
+      ASSERT_EQ(0, std::memcmp(out_jit, out_ref, sizeof out_jit)) << "g=" << g << " " << k->name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ktjit

@@ -1,0 +1,57 @@
+"""``kt-jit-dump --isa neon``: the AArch64 (asmjit a64) kernels generate on any host and print as
+AArch64 code. Needs an AArch64 objdump (binutils-aarch64-linux-gnu; tools/setup.sh installs it)
+for the disassembly checks; the generation checks run without it."""
+
+from __future__ import annotations
+
+import pytest
+from kt_jit import dump
+
+SHAPE = ["--experts", "8", "--top-k", "2", "--hidden", "128", "--intermediate", "80"]
+needs_objdump = pytest.mark.skipif(
+    dump.a64_objdump() is None,
+    reason="no AArch64 objdump (apt-get install binutils-aarch64-linux-gnu; tools/setup.sh does)",
+)
+
+
+@needs_objdump
+@pytest.mark.parametrize(
+    "isa,method,mnemonic",
+    [
+        ("neon_dotprod", "AMXINT8", "sdot"),  # dot-product level
+        ("neon", "AMXINT8", "smull2"),  # widening path without dotprod
+        ("neon_bf16", "AMXINT4", "sdot"),
+        ("neon", "BF16", "shll"),  # bf16 -> fp32 widening, then fmla
+    ],
+)
+def test_dump_prints_aarch64_kernels(capsys, isa, method, mnemonic):
+    assert dump.main(["--isa", isa, "--method", method] + SHAPE) == 0
+    out = capsys.readouterr().out
+    tag = {"neon": "neon", "neon_dotprod": "neondot", "neon_bf16": "neonbf16"}[isa]
+    assert f"isa={isa}" in out
+    fmt = {"BF16": "bf16", "AMXINT8": "int8", "AMXINT4": "int4"}[method]
+    assert f"== gemm_decode_{fmt}_{tag}_m1n16_siluup" in out
+    assert f"\t{mnemonic}\t" in out, out[:2000]
+    assert "\tret" in out
+    # AArch64, not x86: no x86 register names in the disassembly
+    assert "zmm" not in out and "rsp" not in out
+    if method == "BF16":
+        assert "\tfmla\tv" in out
+
+
+def test_dump_generates_without_disassembly(capsys):
+    assert dump.main(["--isa", "neon", "--method", "MOE_INT8", "--no-disasm"] + SHAPE) == 0
+    out = capsys.readouterr().out
+    assert "gemm_prefill_int8_neon_m4n16_accum" in out  # plain neon: 4-row widening tiles
+
+
+def test_dump_neon_refuses_formats_it_lacks(capsys):
+    assert dump.main(["--isa", "neon_dotprod", "--method", "FP8", "--no-disasm"] + SHAPE) == 1
+    assert "not generated for NEON" in capsys.readouterr().err
+
+
+def test_dump_neon_without_disassembler_is_a_clear_error(capsys, monkeypatch):
+    monkeypatch.setattr(dump, "a64_objdump", lambda: None)
+    assert dump.main(["--isa", "neon", "--method", "AMXINT8"] + SHAPE) == 1
+    err = capsys.readouterr().err
+    assert "AArch64" in err and "binutils-aarch64-linux-gnu" in err
