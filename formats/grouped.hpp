@@ -11,6 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/int8.hpp"
 
 namespace ktjit::formats {
 
@@ -29,5 +33,42 @@ struct GroupedSpec {
   int code_bits = 8;    // 8: codes stored as bytes; 4: nibbles decoded through `lut`
   int8_t lut[16] = {};  // code_bits == 4: the code each nibble value stands for
 };
+
+// ---- packing for the qgroup kernels (formats/grouped.cpp; layout in docs/FORMATS.md) -----------
+// Strips as the integer formats ([k/4][column][4 k] bytes; 4-bit: two K steps per byte block, the
+// even step in the low nibbles), and per strip and group: the group's codes, then one fp32 scale
+// per packed column, then (spec.bias) one fp32 bias per packed column. Padding columns have zero
+// codes, scales and biases.
+
+// Throws std::invalid_argument (naming `what`) unless group is a positive multiple of 16 and
+// code_bits is 8 or 4.
+void check_grouped_spec(const GroupedSpec& spec, const std::string& what);
+
+// The strip layout of a matrix [n, k] (k a multiple of spec.group) in `sources` sources (2: fused
+// gate/up) for `lanes`-column vectors.
+StripLayout qgroup_layout(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
+                          const GroupedSpec& spec);
+
+// One source of a pack: rows [r0, r0 + layout.n) and columns [k0, k0 + layout.k) of `m`, whose
+// rows are `ld` codes long (k0 a multiple of the group). `name` appears in error messages.
+struct GroupedSlice {
+  const GroupedMatrix* m = nullptr;
+  int64_t ld = 0, r0 = 0, k0 = 0;
+  std::string name;
+};
+
+// Packs `src[0 .. layout.sources)` into `out` (layout.total_bytes()). flip: store codes XOR 0x80
+// (the unsigned operand of VNNI kernels). Throws std::invalid_argument naming the matrix, row and
+// column of a code the 4-bit table lacks, or for a group size / bias presence that does not match
+// the spec (a null `biases` under a bias spec packs zero biases).
+void pack_qgroup_strips(const StripLayout& layout, const GroupedSpec& spec, const GroupedSlice* src,
+                        bool flip, int8_t* out);
+
+// The 16-entry table the nibble kernels take (XOR 0x80 when flip).
+void qgroup_kernel_lut(const GroupedSpec& spec, bool flip, int8_t out[16]);
+
+// Shard bounds [0, ..., I] splitting I into `shards` parts on multiples of `group` (as even as
+// whole groups allow; fewer parts when I has fewer groups).
+std::vector<int64_t> qgroup_shard_bounds(int64_t I, int64_t group, int shards);
 
 }  // namespace ktjit::formats

@@ -52,14 +52,22 @@ struct StripLayout {
   // fp8 scale table: per strip, per group, 2 halves, `lanes` copies of each scale.
   int64_t gscale_floats_per_strip() const { return groups() * 2 * lanes; }
   int64_t gscale_floats() const { return num_strips() * gscale_floats_per_strip(); }
+  // qgroup (formats/grouped.hpp): bytes per packed column per group stored after each group's
+  // codes (fp32 scale, and fp32 bias); MX (formats/mx.hpp): 1, the exponent byte stored before
+  // each group's weights; 0 for every other format.
+  int64_t group_extra = 0;
   int strip_cols(int vecs) const { return vecs * lanes; }
-  int64_t strip_bytes(int vecs) const { return k4 * kgroup * strip_cols(vecs) * bits / 8; }
+  int64_t strip_bytes(int vecs) const {
+    return k4 * kgroup * strip_cols(vecs) * bits / 8 + groups() * strip_cols(vecs) * group_extra;
+  }
   // Output rows covered by one full strip (per source).
   int64_t rows_per_strip() const { return int64_t(strip_vecs) * lanes / sources; }
   int64_t total_cols() const {
     return full_strips * strip_cols(strip_vecs) + strip_cols(tail_vecs);
   }
-  int64_t total_bytes() const { return k4 * kgroup * total_cols() * bits / 8; }
+  int64_t total_bytes() const {
+    return k4 * kgroup * total_cols() * bits / 8 + groups() * total_cols() * group_extra;
+  }
   int64_t strip_offset(int64_t s) const { return s * strip_bytes(strip_vecs); }
   int64_t padded_k() const { return k4 * kgroup; }
 };

@@ -22,6 +22,9 @@ ExecutableCode ExecutableCode::publish(const uint8_t* code, size_t size, std::st
     return out;
   }
   std::memcpy(p, code, size);
+  // AArch64 instruction caches are not coherent with data writes: clean and invalidate the range
+  // (a no-op on x86-64).
+  __builtin___clear_cache(static_cast<char*>(p), static_cast<char*>(p) + size);
   if (mprotect(p, len, PROT_READ | PROT_EXEC) != 0) {
     if (error) *error = std::string("mprotect(PROT_READ|PROT_EXEC): ") + std::strerror(errno);
     munmap(p, len);

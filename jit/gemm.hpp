@@ -9,9 +9,37 @@
 //              y   = acc                                  (a_scale, w_scale unused)
 //   fp8:       w'  = fp8_value(w[n][k]) * gscale[strip][group(k)][half(n)]  (one rounding)
 //              acc = fma(a[m][k], w', acc) in k order;  y = (a_scale[m] * w_scale[n]) * acc
+//   qgroup:    (formats/grouped.hpp: w = scale[n][g] * code[n][k] + bias[n][g], g = k / G)
+//              acc_g = Σ_{k in group g} a[m][k] * code[n][k]      exact int32, a in [-127, 127],
+//                                                                  code in [-128, 127]
+//              s_g   = Σ_{k in group g} a[m][k]                   exact int32 (GemmArgs::a_gsum)
+//              t = 0; for g = 0, 1, ...:  t = fma(scale[n][g], float(acc_g), t)
+//                                         t = fma(bias[n][g], float(s_g), t)   (bias variants)
+//              y = a_scale[m] * t                      (= a_scale·Σ scale·acc + Σ bias·asum with
+//                                                       asum = a_scale·s_g, in this fp32 order)
+//              VNNI levels take the activations as signed bytes (no +128) and the codes as the
+//              unsigned operand code + 128 (stored XOR 0x80, the LUT alike), so vpdpbusd yields
+//              acc_g + 128·s_g and the kernel subtracts 128·s_g (from a_gsum) before converting:
+//              no per-column compensation is stored or streamed. avx512 / avx2 multiply |code|
+//              (unsigned) by a·sign(code) (signed) with vpmaddubsw: each pair sum is at most
+//              2·128·127 < 2^15, so it never saturates, -128 included.
+//   mxfp4/mxfp8 (OCP MX, K a multiple of 32): per (column n, group g = k / 32) a power-of-two
+//              scale s = 2^(b - 127), b the stored exponent byte (ue8m0 e; mxfp8: e + 8, below)
+//              w'  = value(w[n][k]) * s                                          (exact)
+//              acc = fma(a[m][k], w', acc) in k order;  y = acc
+//              mxfp4: value = e2m1 nibble {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign (mx_e2m1).
+//              Strips hold per group: the columns' exponent bytes, then [k/8][column][4 bytes]:
+//              the dword of a column holds its 8 nibbles of k0..k0+7 (k0 in bits 0..3), i.e. the
+//              checkpoint's 4 bytes as they are (g_steps = 32 K steps, k4 = K, w_gscale unused).
+//              mxfp8: value = fp16 bits (sign << 15 | magnitude << 7), the e4m3 value * 2^-8
+//              exactly (subnormals too, vcvtph2ps), hence the stored e + 8. Strips hold per
+//              group the exponent bytes, then [k][column] bytes as fp8.
 // Epilogues: store y; siluup (gate columns then up columns of a strip):
 //   h = g / (1 + exp2poly(clamp(-g, -87, 88))) * u, exp2poly as in exp_ref() below;
 //   accum: out = fma(row_weight[m], y, out).
+//   mx siluup variants (swiglu_ref): kSwigluClamp: g = min(g, L), u = min(max(u, -L), L)
+//   (with kSwigluAlpha g = min(max(g, -L), L) too); kSwigluAlpha:
+//   h = g / (1 + exp2poly(clamp(-(alpha * g), -87, 88))) * (u + 1).
 #pragma once
 
 #include <cstddef>
@@ -38,18 +66,45 @@ struct GemmArgs {
   // fp8 only: per strip, per k-group, per half (gate, up; equal for plain matrices) one scale
   // repeated over a vector (so it is a full-width memory operand), strips back to back.
   const float* w_gscale;
-  int64_t g_steps;      // K steps per group
-  int64_t g_per_strip;  // groups per strip
+  int64_t g_steps;      // K steps per group (qgroup: G / 4)
+  int64_t g_per_strip;  // groups per strip (qgroup: K / G)
+  // qgroup only. Strips hold, per group, the group's codes (g_steps K steps) then the strip's
+  // fp32 scales (one per packed column) and, with a bias, the fp32 biases: one sequential stream.
+  const int8_t* lut;      // nibble variants: 16 codes (VNNI levels: code XOR 0x80), lanes' table
+  const int32_t* a_gsum;  // s_g of row m at a_gsum[g * a_gsum_ld/4 + m] (VNNI or bias variants)
+  int64_t a_gsum_ld;      // bytes between groups of a_gsum
+  // mxfp4 / mxfp8 siluup kernels with kSwigluClamp / kSwigluAlpha: L and alpha (SPEC §4).
+  float swiglu_limit;
+  float swiglu_alpha;
 };
 static_assert(offsetof(GemmArgs, m_blocks) == 88, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, g_per_strip) == 112, "GemmArgs is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, lut) == 120, "GemmArgs is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, a_gsum_ld) == 136, "GemmArgs is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, swiglu_limit) == 144, "GemmArgs is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, swiglu_alpha) == 148, "GemmArgs is part of the kernel ABI");
 
 using GemmFn = void (*)(const GemmArgs*);
 
 // VNNI levels (vpdpbusd multiplies unsigned by signed bytes) take activations stored as
 // a + 128 (the int8 byte XOR 0x80); the other levels take the int8 bytes as they are.
+// NEON levels (sdot is signed x signed; the widening path too) take plain int8.
 inline bool int8_activation_offset(IsaLevel isa) {
-  return int(isa) >= int(IsaLevel::avx512_vnni);
+  return int(isa) >= int(IsaLevel::avx512_vnni) && !isa_is_neon(isa);
+}
+
+// Whether activations reach `fmt`'s kernels at `isa` as a + 128: qgroup kernels take signed
+// bytes on every level (the codes are their unsigned operand, see above).
+inline bool gemm_activation_offset(IsaLevel isa, WeightFormat fmt) {
+  return fmt != WeightFormat::qgroup && int8_activation_offset(isa);
+}
+// qgroup: codes are stored (and the LUT passed) XOR 0x80 at this level.
+inline bool qgroup_flip_codes(IsaLevel isa) {
+  return int8_activation_offset(isa);
+}
+// qgroup: whether the kernels read GemmArgs::a_gsum (the VNNI offset or the bias term).
+inline bool qgroup_needs_gsum(IsaLevel isa, bool bias) {
+  return bias || qgroup_flip_codes(isa);
 }
 
 // Strips are 4 vectors of columns wide; a tail strip may hold fewer vectors.
@@ -87,5 +142,22 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args);
 // The polynomial exp used by the SiLU epilogue (kt-kernel's exp_avx512 coefficients).
 float exp_ref(float x);
 float silu_mul_ref(float g, float u);
+// The mx siluup epilogue for KernelKey::variant `v` (kSwigluClamp | kSwigluAlpha).
+float swiglu_ref(float g, float u, uint8_t v, float limit, float alpha);
+
+// The e2m1 value of a nibble (bit 3 = sign): 0, .5, 1, 1.5, 2, 3, 4, 6.
+inline float mx_e2m1(uint8_t nib) {
+  static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return nib & 8 ? -kMag[nib & 7] : kMag[nib & 7];
+}
+// The value the mxfp8 kernels give an e4m3 byte before scaling: e4m3 * 2^-8 (fp16 bits
+// sign << 15 | (b & 0x7f) << 7, widened exactly); 0x7f / 0xff (NaN in e4m3fn) give +-480 * 2^-8.
+inline float mx_e4m3_scaled(uint8_t b) {
+  return fp8_value(b) * 0.00390625f;  // exact: a power of two, no underflow (>= 2^-17)
+}
+// Whether `fmt` is an MX format (power-of-two scales per 32-wide K group, fp32 activations).
+inline bool is_mx_format(WeightFormat fmt) {
+  return fmt == WeightFormat::mxfp4 || fmt == WeightFormat::mxfp8;
+}
 
 }  // namespace ktjit

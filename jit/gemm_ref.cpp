@@ -9,6 +9,19 @@
 namespace ktjit {
 
 int gemm_max_rows(IsaLevel isa, WeightFormat fmt) {
+  // NEON (32 registers, 24 accumulators at most): 6 rows x 4 vectors; the widening int8/int4
+  // path of plain neon needs 3 more temporaries, so 4 rows there.
+  if (isa_is_neon(isa)) return isa == IsaLevel::neon && fmt != WeightFormat::bf16 ? 4 : 6;
+  // qgroup keeps an int32 group accumulator beside each fp32 accumulator: 3 rows x 4 vectors x 2
+  // at VNNI levels (8 registers of scratch), 2 rows at avx512 (sign masks and |code| vectors),
+  // 1 row on AVX2's 16 registers.
+  if (fmt == WeightFormat::qgroup)
+    return isa == IsaLevel::avx2 ? 1 : int8_activation_offset(isa) ? 3 : 2;
+  // mx: AVX2 keeps 2 (mxfp4: index, sign and value temporaries) or 3 (mxfp8: one temporary)
+  // rows of 4 accumulators with their row broadcasts; zmm levels 6 (mxfp4's table then comes
+  // from memory).
+  if (fmt == WeightFormat::mxfp4) return isa == IsaLevel::avx2 ? 2 : 6;
+  if (fmt == WeightFormat::mxfp8) return isa == IsaLevel::avx2 ? 3 : 6;
   // fp8 decodes need two temporaries per vector: AVX2 16 registers hold 2 rows, not 3.
   if (fmt == WeightFormat::fp8) return isa == IsaLevel::avx2 ? 2 : 6;
   return isa == IsaLevel::avx2 ? 3 : 6;
@@ -43,6 +56,19 @@ float silu_mul_ref(float g, float u) {
   return g / d * u;
 }
 
+float swiglu_ref(float g, float u, uint8_t v, float limit, float alpha) {
+  if (v & kSwigluClamp) {  // the kernels' vminps / vmaxps: (a < b ? a : b), (a > b ? a : b)
+    g = g < limit ? g : limit;
+    if (v & kSwigluAlpha) g = g > -limit ? g : -limit;
+    u = u > -limit ? u : -limit;
+    u = u < limit ? u : limit;
+  }
+  if (!(v & kSwigluAlpha)) return silu_mul_ref(g, u);
+  const float e = exp_ref(-(alpha * g));
+  const float d = e + 1.0f;
+  return g / d * (u + 1.0f);
+}
+
 namespace {
 // Weight (k4 step, column n, byte j) of a packed strip with `cols` columns, as the kernel sees it.
 int32_t packed_weight(const int8_t* strip, int64_t step, int cols, int n, int j, bool int4) {
@@ -52,9 +78,138 @@ int32_t packed_weight(const int8_t* strip, int64_t step, int cols, int n, int j,
   const uint8_t nib = step % 2 ? b >> 4 : b & 0x0f;
   return int32_t(int8_t(uint8_t(nib << 4)));  // 16 * (signed nibble)
 }
+
+// The epilogue on one row's `cols` results y.
+void write_out(const KernelKey& key, const GemmArgs& args, int64_t m, int64_t col0, const float* y,
+               int cols) {
+  float* out = args.out_rows[m] + col0;
+  switch (key.epilogue) {
+    case Epilogue::store:
+      for (int n = 0; n < cols; ++n) out[n] = y[n];
+      break;
+    case Epilogue::siluup:
+      if (is_mx_format(key.format) && key.variant) {
+        for (int n = 0; n < cols / 2; ++n)
+          out[n] =
+              swiglu_ref(y[n], y[n + cols / 2], key.variant, args.swiglu_limit, args.swiglu_alpha);
+        break;
+      }
+      for (int n = 0; n < cols / 2; ++n) out[n] = silu_mul_ref(y[n], y[n + cols / 2]);
+      break;
+    case Epilogue::accum:
+      for (int n = 0; n < cols; ++n) out[n] = std::fma(args.row_weight[m], y[n], out[n]);
+      break;
+  }
+}
+
+// qgroup: per strip and group, the codes of g_steps K steps (bytes, or nibble pairs) then the
+// columns' fp32 scales (and biases). The code a level multiplies is signed; the stored byte or
+// LUT entry is XOR 0x80 on VNNI levels.
+void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
+  const bool nib = key.variant & kQGroupNibbles, bias = key.variant & kQGroupBias;
+  const int cols = key.n_vec * vec_lanes(key.isa);
+  const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
+  const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
+  const int rows = key.m_r;
+  const uint8_t flip = qgroup_flip_codes(key.isa) ? 0x80 : 0;
+  const int64_t code_bytes = args.g_steps * cols * 4 / (nib ? 2 : 1);
+  const int64_t group_bytes = code_bytes + int64_t(cols) * 4 * (bias ? 2 : 1);
+  const int8_t* w = args.w;
+  for (int64_t s = 0; s < args.n_strips; ++s, w += group_bytes * args.g_per_strip) {
+    const int64_t col0 = args.out_col + s * out_cols;
+    for (int64_t m = 0; m < blocks * rows; ++m) {
+      const int8_t* a = args.a + m * args.lda;
+      float y[64];
+      for (int n = 0; n < cols; ++n) {
+        float t = 0.0f;
+        for (int64_t g = 0; g < args.g_per_strip; ++g) {
+          const int8_t* gw = w + g * group_bytes;
+          // As the kernel sees them: VNNI levels multiply a by the stored byte as unsigned
+          // (code + 128) and remove 128 * s_g (read from a_gsum); the others by the signed code.
+          const int32_t gs = args.a_gsum && qgroup_needs_gsum(key.isa, bias)
+                                 ? args.a_gsum[g * (args.a_gsum_ld / 4) + m]
+                                 : 0;
+          int32_t acc = 0;
+          for (int64_t st = 0; st < args.g_steps; ++st)
+            for (int j = 0; j < 4; ++j) {
+              const int32_t av = a[(g * args.g_steps + st) * 4 + j];
+              uint8_t b;
+              if (nib) {
+                const uint8_t pair = uint8_t(gw[(st / 2) * cols * 4 + n * 4 + j]);
+                b = uint8_t(args.lut[st % 2 ? pair >> 4 : pair & 0x0f]);
+              } else {
+                b = uint8_t(gw[st * cols * 4 + n * 4 + j]);
+              }
+              acc += av * (flip ? int32_t(b) : int32_t(int8_t(b)));
+            }
+          float sc, bi;
+          if (flip) acc -= 128 * gs;
+          std::memcpy(&sc, gw + code_bytes + n * 4, 4);
+          t = std::fma(sc, float(acc), t);
+          if (bias) {
+            std::memcpy(&bi, gw + code_bytes + (cols + n) * 4, 4);
+            t = std::fma(bi, float(gs), t);
+          }
+        }
+        y[n] = args.a_scale[m] * t;
+      }
+      write_out(key, args, m, col0, y, cols);
+    }
+  }
+}
+
+// mxfp4 / mxfp8: per strip and 32-wide K group, the columns' exponent bytes (scale = bits
+// byte << 23) then the group's weights; w' = value * scale (exact), acc = fma(a, w', acc) in k
+// order; y = acc.
+void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
+  const bool fp4 = key.format == WeightFormat::mxfp4;
+  const int lanes = vec_lanes(key.isa);
+  const int cols = key.n_vec * lanes;
+  const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
+  const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
+  const int64_t K = args.k4, G = args.g_steps;
+  const int64_t group_bytes = cols + (fp4 ? G / 2 : G) * cols;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(args.w);
+  for (int64_t s = 0; s < args.n_strips; ++s, w += group_bytes * args.g_per_strip) {
+    const int64_t col0 = args.out_col + s * out_cols;
+    for (int64_t m = 0; m < blocks * key.m_r; ++m) {
+      const float* a = reinterpret_cast<const float*>(args.a + m * args.lda);
+      float y[64];
+      for (int n = 0; n < cols; ++n) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; ++k) {
+          const uint8_t* gb = w + (k / G) * group_bytes;
+          const uint32_t bits = uint32_t(gb[n]) << 23;
+          float scale;
+          std::memcpy(&scale, &bits, 4);
+          const uint8_t* gw = gb + cols;
+          const int64_t kl = k % G;
+          float v;
+          if (fp4) {  // [k/8][column][4 bytes]: nibble k % 8 of the column's dword
+            const uint8_t b = gw[((kl / 8) * cols + n) * 4 + (kl % 8) / 2];
+            v = mx_e2m1(kl % 2 ? b >> 4 : b & 0x0f);
+          } else {
+            v = mx_e4m3_scaled(gw[kl * cols + n]);
+          }
+          acc = std::fma(a[k], v * scale, acc);
+        }
+        y[n] = acc;
+      }
+      write_out(key, args, m, col0, y, cols);
+    }
+  }
+}
 }  // namespace
 
 void gemm_ref(const KernelKey& key, const GemmArgs& args) {
+  if (key.format == WeightFormat::qgroup) {
+    gemm_ref_qgroup(key, args);
+    return;
+  }
+  if (is_mx_format(key.format)) {
+    gemm_ref_mx(key, args);
+    return;
+  }
   const bool int4 = key.format == WeightFormat::int4;
   const bool bf16 = key.format == WeightFormat::bf16;
   const bool fp8 = key.format == WeightFormat::fp8;
@@ -106,18 +261,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           const float scale = args.a_scale[m] * wscale[n];
           y[n] = scale * float(acc);
         }
-        float* out = args.out_rows[m] + col0;
-        switch (key.epilogue) {
-          case Epilogue::store:
-            for (int n = 0; n < cols; ++n) out[n] = y[n];
-            break;
-          case Epilogue::siluup:
-            for (int n = 0; n < cols / 2; ++n) out[n] = silu_mul_ref(y[n], y[n + cols / 2]);
-            break;
-          case Epilogue::accum:
-            for (int n = 0; n < cols; ++n) out[n] = std::fma(args.row_weight[m], y[n], out[n]);
-            break;
-        }
+        write_out(key, args, m, col0, y, cols);
       }
     }
     w += args.k4 * cols * (fp8 ? 1 : bf16 ? 2 : int4 ? 2 : 4);

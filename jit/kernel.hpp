@@ -27,11 +27,24 @@ enum class KernelKind : uint8_t {
 
 enum class WeightFormat : uint8_t {
   none = 0,
-  int8 = 1,  // int8 per-row scale
-  int4 = 2,  // signed nibbles per-row scale, seen by the kernel as 16 * q4
-  bf16 = 3,  // bfloat16 weights, fp32 activations and accumulation
-  fp8 = 4,   // e4m3 weights with per-(strip half, k-group) scales, fp32 activations
+  int8 = 1,    // int8 per-row scale
+  int4 = 2,    // signed nibbles per-row scale, seen by the kernel as 16 * q4
+  bf16 = 3,    // bfloat16 weights, fp32 activations and accumulation
+  fp8 = 4,     // e4m3 weights with per-(strip half, k-group) scales, fp32 activations
+  qgroup = 5,  // k-group scaled int8 codes (bytes or nibbles via a LUT), see gemm.hpp; the
+               // variant holds kQGroupNibbles | kQGroupBias
+  mxfp4 = 6,   // OCP MX: e2m1 nibbles, a power-of-two scale per (column, 32 k); fp32 activations
+  mxfp8 = 7,   // OCP MX: e4m3 bytes, a power-of-two scale per (column, 32 k); fp32 activations
 };
+
+// KernelKey::variant bits of mxfp4 / mxfp8 gate/up (siluup) kernels: the SwiGLU variants of
+// DeepSeek-V4 / MiniMax-M3 (SPEC §4), with L and alpha read from GemmArgs at run time.
+constexpr uint8_t kSwigluClamp = 1;  // g = min(g, L), u = clamp(u, -L, L) (alpha: g clamped too)
+constexpr uint8_t kSwigluAlpha = 2;  // h = g * sigmoid(alpha * g) * (u + 1)
+
+// KernelKey::variant bits of WeightFormat::qgroup kernels.
+constexpr uint8_t kQGroupNibbles = 1;  // codes stored as 4-bit indices into GemmArgs::lut
+constexpr uint8_t kQGroupBias = 2;     // a per-(column, group) offset term
 
 enum class Epilogue : uint8_t {
   store = 0,   // out[m][n] = y

@@ -28,6 +28,9 @@ const char* format_name(WeightFormat f) {
     case WeightFormat::int4: return "int4";
     case WeightFormat::bf16: return "bf16";
     case WeightFormat::fp8: return "fp8";
+    case WeightFormat::qgroup: return "qgroup";
+    case WeightFormat::mxfp4: return "mxfp4";
+    case WeightFormat::mxfp8: return "mxfp8";
   }
   return "?";
 }
@@ -44,6 +47,7 @@ const char* epilogue_name(Epilogue e) {
 }  // namespace
 
 int vec_lanes(IsaLevel isa) {
+  if (isa_is_neon(isa)) return 4;  // 128-bit NEON vectors
   return int(isa) >= int(IsaLevel::avx512) ? 16 : 8;
 }
 
@@ -51,8 +55,15 @@ std::string KernelKey::name() const {
   std::ostringstream s;
   s << kind_name(kind);
   if (kind == KernelKind::gemm_decode || kind == KernelKind::gemm_prefill) {
-    s << '_' << format_name(format) << '_' << isa_tag(isa) << "_m" << int(m_r) << 'n'
-      << int(n_vec) * vec_lanes(isa) << '_' << epilogue_name(epilogue);
+    s << '_';
+    if (format == WeightFormat::qgroup)  // qg8, qg4, qg8b, qg4b: code storage and bias term
+      s << "qg" << (variant & kQGroupNibbles ? 4 : 8) << (variant & kQGroupBias ? "b" : "");
+    else
+      s << format_name(format);
+    s << '_' << isa_tag(isa) << "_m" << int(m_r) << 'n' << int(n_vec) * vec_lanes(isa) << '_'
+      << epilogue_name(epilogue);
+    if (format == WeightFormat::mxfp4 || format == WeightFormat::mxfp8)  // SwiGLU variants
+      s << (variant & kSwigluAlpha ? "_alpha" : "") << (variant & kSwigluClamp ? "_clamp" : "");
   } else {
     s << '_' << isa_tag(isa) << "_v" << int(variant);
   }

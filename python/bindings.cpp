@@ -9,6 +9,7 @@
 #include "jit/cpu/cpu.hpp"
 #include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
+#include "python/bindings_gguf.hpp"
 #include "python/py_moe_layer.hpp"
 #include "runtime/machine_limits.hpp"
 #include "runtime/moe_layer.hpp"
@@ -63,7 +64,8 @@ py::dict features_dict() {
   d["detected_isa"] = isa_name(detected_isa());
   py::dict refused;
   for (int l = int(detected_isa()) + 1; l < kNumIsaLevels; ++l)
-    refused[isa_name(IsaLevel(l))] = missing_for(IsaLevel(l), f);
+    if (isa_is_neon(IsaLevel(l)) == f.aarch64)  // this architecture's levels only
+      refused[isa_name(IsaLevel(l))] = missing_for(IsaLevel(l), f);
   d["refused"] = refused;
   try {
     d["isa"] = isa_name(selected_isa());
@@ -77,6 +79,10 @@ py::dict features_dict() {
 }  // namespace
 
 void register_serving(pybind11::module_& m);  // python/bindings_serving.cpp
+namespace ktjit {
+void register_convert(pybind11::module_& m);  // python/bindings_convert.cpp
+void register_int4(pybind11::module_& m);     // python/bindings_int4.cpp
+}  // namespace ktjit
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "kt-jit core: CPU probe, generated kernels and the MoE executor";
@@ -88,6 +94,10 @@ PYBIND11_MODULE(_core, m) {
       "fp8_decode", [](int code) { return double(fp8_value(uint8_t(code))); }, py::arg("code"),
       "The value the FP8 kernels give an e4m3 byte (before scaling).");
   m.def("built_methods", [] { return std::string(built_methods()); });
+  m.def("grouped_shard_bounds", &MoELayer::grouped_shard_bounds, py::arg("intermediate"),
+        py::arg("down_group"), py::arg("shards"),
+        "Even shard bounds [0, ..., I] of a grouped (LLAMAFILE/RAWINT4/GPTQ_INT4) layer on "
+        "multiples of down_group.");
   m.def(
       "isa", [] { return std::string(isa_name(selected_isa())); },
       "The selected ISA level (detected, capped by KT_JIT_ISA).");
@@ -96,35 +106,112 @@ PYBIND11_MODULE(_core, m) {
   m.def("runnable_isas", [] {
     std::vector<std::string> v;
     for (int l = int(selected_isa()); l >= 0; --l)
-      if (IsaLevel(l) != IsaLevel::amx) v.push_back(isa_name(IsaLevel(l)));
+      if (l == 0 || level_usable(IsaLevel(l), cpu_features())) v.push_back(isa_name(IsaLevel(l)));
     return v;
   });
   m.def(
       "init_pool",
-      [](int threads, int pools) {
-        ThreadPool& p = ThreadPool::global(threads, pools);
+      [](int threads, int pools, const std::vector<int>& numa_nodes) {
+        ThreadPool& p = ThreadPool::global(threads, pools, numa_nodes);
         return py::make_tuple(p.size(), p.pools());
       },
-      py::arg("threads"), py::arg("pools") = 1,
-      "Creates the process-wide worker pool; the first call wins.");
+      py::arg("threads"), py::arg("pools") = 1, py::arg("numa_nodes") = std::vector<int>{},
+      "Creates the process-wide worker pools (pool i on NUMA node numa_nodes[i], default i; "
+      "KT_JIT_TOPOLOGY simulates a topology); the first call wins.");
   m.def("pool_size", [] { return ThreadPool::global_exists() ? ThreadPool::global().size() : 0; });
+  m.def(
+      "pool_info",
+      [] {
+        py::dict d;
+        if (!ThreadPool::global_exists()) return d;
+        ThreadPool& p = ThreadPool::global();
+        std::vector<int> threads, nodes;
+        for (int i = 0; i < p.pools(); ++i) {
+          threads.push_back(p.pool_size(i));
+          nodes.push_back(p.pool_node(i));
+        }
+        d["threads"] = p.size();
+        d["pools"] = p.pools();
+        d["pool_threads"] = threads;
+        d["numa_nodes"] = nodes;
+        d["bound"] = p.bound();
+        d["topology"] = p.topology().describe();
+        return d;
+      },
+      "The worker pools in effect (empty before init_pool): threads per pool, their NUMA nodes, "
+      "whether threads and memory are bound, and the topology they were planned on.");
 
   py::class_<PyMoELayer>(m, "MoELayer")
       .def(py::init([](int64_t E, int64_t K, int64_t H, int64_t I, const std::string& method,
-                       const std::string& isa, const std::vector<int64_t>& shard_bounds) {
+                       const std::string& isa, const std::vector<int64_t>& shard_bounds, int shards,
+                       float swiglu_limit, float swiglu_alpha, int64_t gu_group, int64_t down_group,
+                       bool gu_bias, bool down_bias, const std::vector<int>& gu_lut,
+                       const std::vector<int>& down_lut) {
              auto l = std::make_unique<PyMoELayer>();
              const MoEShape shape{E, K, H, I};
+             if (shards <= 0)  // one shard per worker pool (pool s % pools runs shard s)
+               shards = ThreadPool::global_exists() ? ThreadPool::global().pools() : 1;
+             const bool grouped = method_format(method) == WeightFormat::qgroup;
+             if (grouped || gu_group || down_group || gu_bias || down_bias || !gu_lut.empty() ||
+                 !down_lut.empty()) {
+               if (!grouped)
+                 throw std::invalid_argument(
+                     "gu_group / down_group / *_bias / *_lut apply to LLAMAFILE, RAWINT4 and "
+                     "GPTQ_INT4 only, not to method " +
+                     method);
+               if (gu_group <= 0 || down_group <= 0)
+                 throw std::invalid_argument("method " + method +
+                                             " needs gu_group and down_group (the k-group sizes of "
+                                             "gate/up and down, multiples of 16), got " +
+                                             std::to_string(gu_group) + " and " +
+                                             std::to_string(down_group));
+               auto spec = [](int64_t group, bool bias, const std::vector<int>& lut,
+                              const char* what) {
+                 formats::GroupedSpec sp;
+                 sp.group = group;
+                 sp.bias = bias;
+                 sp.code_bits = lut.empty() ? 8 : 4;
+                 if (!lut.empty() && lut.size() != 16)
+                   throw std::invalid_argument(std::string(what) +
+                                               "_lut: expected 16 codes (or none for 8-bit "
+                                               "codes), got " +
+                                               std::to_string(lut.size()));
+                 for (size_t i = 0; i < lut.size(); ++i) {
+                   if (lut[i] < -128 || lut[i] > 127)
+                     throw std::invalid_argument(std::string(what) + "_lut[" + std::to_string(i) +
+                                                 "]: expected a code in "
+                                                 "[-128, 127], got " +
+                                                 std::to_string(lut[i]));
+                   sp.lut[i] = int8_t(lut[i]);
+                 }
+                 return sp;
+               };
+               const formats::GroupedSpec gu = spec(gu_group, gu_bias, gu_lut, "gu");
+               const formats::GroupedSpec dn = spec(down_group, down_bias, down_lut, "down");
+               std::vector<int64_t> bounds = shard_bounds;
+               if (bounds.empty() && I > 0 && I % down_group == 0)
+                 bounds = MoELayer::grouped_shard_bounds(I, down_group, shards);
+               l->layer = std::make_unique<MoELayer>(shape, method, level_arg(isa), bounds, gu, dn);
+               return l;
+             }
              l->layer =
                  shard_bounds.empty()
-                     ? std::make_unique<MoELayer>(shape, method, level_arg(isa))
+                     ? std::make_unique<MoELayer>(shape, method, level_arg(isa), shards)
                      : std::make_unique<MoELayer>(shape, method, level_arg(isa), shard_bounds);
+             if (swiglu_limit != 0.0f || swiglu_alpha != 0.0f)
+               l->layer->set_swiglu(swiglu_limit, swiglu_alpha);
              return l;
            }),
            py::arg("num_experts"), py::arg("top_k"), py::arg("hidden"), py::arg("intermediate"),
            py::arg("method") = "AMXINT8", py::arg("isa") = "",
-           py::arg("shard_bounds") = std::vector<int64_t>{},
+           py::arg("shard_bounds") = std::vector<int64_t>{}, py::arg("shards") = 0,
+           py::arg("swiglu_limit") = 0.0f, py::arg("swiglu_alpha") = 0.0f, py::arg("gu_group") = 0,
+           py::arg("down_group") = 0, py::arg("gu_bias") = false, py::arg("down_bias") = false,
+           py::arg("gu_lut") = std::vector<int>{}, py::arg("down_lut") = std::vector<int>{},
            "shard_bounds: [0, b1, ..., I] splits I into shards (e.g. a checkpoint's NUMA parts); "
-           "each shard quantizes the down projection's input over its own slice.")
+           "otherwise `shards` even parts on the format's block boundaries (0: one per worker "
+           "pool). Shard s runs on pool s % pools; each shard quantizes the down projection's "
+           "input over its own slice.")
       .def_property_readonly("shard_bounds",
                              [](const PyMoELayer& s) {
                                std::vector<int64_t> b{0};
@@ -132,6 +219,41 @@ PYBIND11_MODULE(_core, m) {
                                  b.push_back(s.layer->shard_range(i).second);
                                return b;
                              })
+      .def(
+          "load_experts_grouped",
+          [](PyMoELayer& self, const std::vector<int64_t>& slots,
+             const std::vector<uintptr_t>& gate_codes, const std::vector<uintptr_t>& gate_scales,
+             const std::vector<uintptr_t>& gate_biases, const std::vector<uintptr_t>& up_codes,
+             const std::vector<uintptr_t>& up_scales, const std::vector<uintptr_t>& up_biases,
+             const std::vector<uintptr_t>& down_codes, const std::vector<uintptr_t>& down_scales,
+             const std::vector<uintptr_t>& down_biases) {
+            const size_t n = slots.size();
+            for (size_t len : {gate_codes.size(), gate_scales.size(), gate_biases.size(),
+                               up_codes.size(), up_scales.size(), up_biases.size(),
+                               down_codes.size(), down_scales.size(), down_biases.size()})
+              if (len != n)
+                throw std::invalid_argument(
+                    "load_experts_grouped: every pointer list must have len(slots) entries");
+            const int64_t gg = self.layer->grouped_spec(false).group;
+            const int64_t dg = self.layer->grouped_spec(true).group;
+            std::vector<MoELayer::GroupedExpertSource> src;
+            for (size_t i = 0; i < n; ++i)
+              src.push_back({slots[i],
+                             {ptr<const int8_t>(gate_codes[i]), ptr<const float>(gate_scales[i]),
+                              ptr<const float>(gate_biases[i]), gg},
+                             {ptr<const int8_t>(up_codes[i]), ptr<const float>(up_scales[i]),
+                              ptr<const float>(up_biases[i]), gg},
+                             {ptr<const int8_t>(down_codes[i]), ptr<const float>(down_scales[i]),
+                              ptr<const float>(down_biases[i]), dg}});
+            py::gil_scoped_release release;
+            self.layer->load_experts_grouped(src, ThreadPool::global());
+          },
+          py::arg("slots"), py::arg("gate_codes"), py::arg("gate_scales"), py::arg("gate_biases"),
+          py::arg("up_codes"), py::arg("up_scales"), py::arg("up_biases"), py::arg("down_codes"),
+          py::arg("down_scales"), py::arg("down_biases"),
+          "Packs k-group quantized experts (LLAMAFILE, RAWINT4, GPTQ_INT4): per expert int8 codes "
+          "gate/up [I, H], down [H, I] and fp32 scales (and biases; 0 = none) [rows, K / group], "
+          "row-major, as data pointers; w = scale * code + bias per group.")
       .def(
           "load_experts_fp8",
           [](PyMoELayer& self, const std::vector<int64_t>& slots,
@@ -156,6 +278,34 @@ PYBIND11_MODULE(_core, m) {
           py::arg("up_scale"), py::arg("down_scale"),
           "Packs e4m3 experts (gate/up [I, H], down [H, I] bytes) with FP8's 128x128 block scales "
           "(fp32 [ceil(N/128), ceil(K/128)]) or FP8_PERCHANNEL's row scales (fp32 [N]).")
+      .def_property_readonly("swiglu_limit",
+                             [](const PyMoELayer& s) { return s.layer->swiglu_limit(); })
+      .def_property_readonly("swiglu_alpha",
+                             [](const PyMoELayer& s) { return s.layer->swiglu_alpha(); })
+      .def(
+          "load_experts_mx",
+          [](PyMoELayer& self, const std::vector<int64_t>& slots,
+             const std::vector<uintptr_t>& gate, const std::vector<uintptr_t>& up,
+             const std::vector<uintptr_t>& down, const std::vector<uintptr_t>& gate_scale,
+             const std::vector<uintptr_t>& up_scale, const std::vector<uintptr_t>& down_scale) {
+            const size_t n = slots.size();
+            for (size_t len : {gate.size(), up.size(), down.size(), gate_scale.size(),
+                               up_scale.size(), down_scale.size()})
+              if (len != n)
+                throw std::invalid_argument(
+                    "load_experts_mx: every pointer list must have len(slots) entries");
+            std::vector<MoELayer::MxExpertSource> src;
+            for (size_t i = 0; i < n; ++i)
+              src.push_back({slots[i], ptr<const uint8_t>(gate[i]), ptr<const uint8_t>(up[i]),
+                             ptr<const uint8_t>(down[i]), ptr<const uint8_t>(gate_scale[i]),
+                             ptr<const uint8_t>(up_scale[i]), ptr<const uint8_t>(down_scale[i])});
+            py::gil_scoped_release release;
+            self.layer->load_experts_mx(src, ThreadPool::global());
+          },
+          py::arg("slots"), py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("gate_scale"),
+          py::arg("up_scale"), py::arg("down_scale"),
+          "Packs MXFP4 / MXFP8 experts: gate/up [I, H/2] (MXFP4 nibbles, low = even k) or [I, H] "
+          "(e4m3) bytes, down [H, I/2] or [H, I]; ue8m0 scales [N, K/32] (uint8) per matrix.")
       .def(
           "load_experts_quantized",
           [](PyMoELayer& self, int shard, const std::vector<int64_t>& slots,
@@ -256,9 +406,6 @@ PYBIND11_MODULE(_core, m) {
         if (level == IsaLevel::ref)
           throw std::invalid_argument(
               "dump: the ref level runs C++ reference kernels, nothing is generated");
-        if (level == IsaLevel::amx)
-          throw std::invalid_argument(
-              "dump: AMX kernels are not generated yet (issue: AMX and AArch64 code generation)");
         py::list out;
         for (const KernelKey& key : moe_kernel_keys(MoEShape{E, K, H, I}, fmt, level)) {
           auto k = KernelCache::generate_only(key);
@@ -305,4 +452,7 @@ PYBIND11_MODULE(_core, m) {
       "Measures the machine's read bandwidth and instruction peaks (takes a few seconds).");
 
   register_serving(m);
+  register_gguf(m);     // python/bindings_gguf.cpp
+  register_convert(m);  // python/bindings_convert.cpp
+  register_int4(m);     // python/bindings_int4.cpp
 }

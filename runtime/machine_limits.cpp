@@ -112,8 +112,10 @@ class SpinBarrier {
       return;
     }
     for (int spins = 0; gen_.load(std::memory_order_acquire) == gen; ++spins) {
-      if (spins > 4096) sched_yield();
-      else __builtin_ia32_pause();
+      if (spins > 4096)
+        sched_yield();
+      else
+        __builtin_ia32_pause();
     }
   }
 
@@ -123,7 +125,9 @@ class SpinBarrier {
   std::atomic<int> gen_{0};
 };
 
-size_t round_kib(size_t bytes) { return bytes / 1024 * 1024; }
+size_t round_kib(size_t bytes) {
+  return bytes / 1024 * 1024;
+}
 
 }  // namespace
 
@@ -147,7 +151,8 @@ double measure_read_bandwidth_gbs(size_t bytes, int reps) {
 double measure_read_bandwidth_gbs_threads(int threads, size_t bytes, int reps) {
   if (threads < 1 || reps < 1) throw std::invalid_argument("measure_read_bandwidth_gbs_threads");
   const size_t part = round_kib(bytes / size_t(threads));
-  if (part == 0) throw std::invalid_argument("measure_read_bandwidth_gbs_threads: buffer too small");
+  if (part == 0)
+    throw std::invalid_argument("measure_read_bandwidth_gbs_threads: buffer too small");
   HugeBuffer buf(part * size_t(threads));
   const ReadFn fn = read_stream_fn();
   const std::vector<int> cpus = allowed_cpus();

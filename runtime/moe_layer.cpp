@@ -3,9 +3,12 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+
+#include "formats/mx.hpp"
 
 namespace ktjit {
 namespace {
@@ -107,21 +110,43 @@ AlignedBuffer::~AlignedBuffer() {
   std::free(p_);
 }
 
-// Per-forward working memory, grown on demand and reused by every later forward.
+// Per-forward working memory, grown on demand and reused by every later forward. The routing is
+// shared by every pool (read-only inside the pools' job); each pool has its own quantized
+// activations (prefill) and each shard its own intermediate, partial output and work split, so
+// pools running at once never write the same memory.
 struct MoELayer::Scratch {
   std::vector<int64_t> count, offset, fill;
   std::vector<int> active;
   std::vector<int32_t> row_token;
   std::vector<float> row_weight;
-  std::vector<int8_t> xq, aq, hq;
-  std::vector<float> xs, as, hs, h, partial;
-  std::vector<float*> h_rows, out_rows;
-  int64_t T = 0, rows = 0, lda_x = 0, h_stride = 0, lda_h = 0, p_stride = 0;
-  std::vector<std::pair<int64_t, int64_t>> gu_units;  // (expert index in active, strip)
+  const float* x = nullptr;
+  int64_t T = 0, rows = 0, lda_x = 0, p_stride = 0;
+  bool decode = false;  // every expert fits one decode tile (see forward())
+  struct PerPool {
+    std::vector<int8_t> xq, aq;  // tokens quantized once, then gathered per row (prefill)
+    std::vector<float> xs, as;
+  };
+  struct PerShard {
+    std::vector<float> h, hs, partial;  // partial: [T, p_stride] fp32
+    std::vector<int8_t> hq;
+    std::vector<float*> h_rows, out_rows;
+    int64_t h_stride = 0, lda_h = 0;
+    std::vector<int64_t> gu_cost;  // prefix sums of the gate/up work units' cost
+  };
+  std::vector<PerPool> pools;
+  std::vector<PerShard> shards;
 };
 
 namespace {
-// Even split of I on vector boundaries into `shards` parts.
+// The format's block along I: a shard boundary never splits one (FP8's 128x128 scale blocks;
+// otherwise one vector of columns). Uneven splits are fine: I need not divide by the shard count.
+int shard_unit(const std::string& method, IsaLevel isa) {
+  if (method == "FP8") return 128;
+  if (method == "MXFP4" || method == "MXFP8") return 32;  // the scale group along down's K
+  return vec_lanes(isa == IsaLevel::amx ? IsaLevel::avx512_bf16 : isa);
+}
+
+// Even split of I on `lanes` (block) boundaries into `shards` parts.
 std::vector<int64_t> even_bounds(int64_t I, int lanes, int shards) {
   const int64_t units = (I + lanes - 1) / lanes;
   if (shards < 1) shards = 1;
@@ -134,22 +159,66 @@ std::vector<int64_t> even_bounds(int64_t I, int lanes, int shards) {
 
 MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa, int shards)
     : MoELayer(shape, method, isa,
-               even_bounds(shape.intermediate,
-                           vec_lanes(isa == IsaLevel::amx ? IsaLevel::avx512_bf16 : isa), shards)) {
-}
+               even_bounds(shape.intermediate, shard_unit(method, isa), shards)) {}
 
 MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
                    const std::vector<int64_t>& shard_bounds)
+    : MoELayer(shape, method, isa, shard_bounds, nullptr, nullptr) {}
+
+MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
+                   const std::vector<int64_t>& shard_bounds, const formats::GroupedSpec& gu,
+                   const formats::GroupedSpec& down)
+    : MoELayer(shape, method, isa,
+               shard_bounds.empty() ? std::vector<int64_t>{0, shape.intermediate} : shard_bounds,
+               &gu, &down) {}
+
+std::vector<int64_t> MoELayer::grouped_shard_bounds(int64_t intermediate, int64_t down_group,
+                                                    int shards) {
+  return formats::qgroup_shard_bounds(intermediate, down_group, shards);
+}
+
+MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
+                   const std::vector<int64_t>& shard_bounds, const formats::GroupedSpec* gu,
+                   const formats::GroupedSpec* down)
     : shape_(shape), method_(method), isa_(isa), scratch_(std::make_unique<Scratch>()) {
   if (shape.experts <= 0 || shape.top_k <= 0 || shape.hidden <= 0 || shape.intermediate <= 0)
     throw std::invalid_argument(
         "MoELayer: num_experts, top_k, hidden and intermediate must be > 0");
   format_ = method_format(method);
+  if (format_ == WeightFormat::qgroup) {  // k-group scaled codes (formats/grouped.hpp)
+    if (!gu || !down)
+      throw std::invalid_argument("method " + method +
+                                  " needs the grouped storage of gate/up and down (gu_group, "
+                                  "down_group, biases and 4-bit tables)");
+    formats::check_grouped_spec(*gu, method + " gate/up");
+    formats::check_grouped_spec(*down, method + " down");
+    if (shape.hidden % gu->group != 0 || shape.intermediate % down->group != 0)
+      throw std::invalid_argument(
+          method + ": hidden size " + std::to_string(shape.hidden) + " must be a multiple of " +
+          "gu_group " + std::to_string(gu->group) + " and intermediate size " +
+          std::to_string(shape.intermediate) + " of down_group " + std::to_string(down->group));
+    qg_gu_ = *gu;
+    qg_down_ = *down;
+    const bool fl = qgroup_flip_codes(isa);
+    formats::qgroup_kernel_lut(qg_gu_, fl, qg_lut_[0]);
+    formats::qgroup_kernel_lut(qg_down_, fl, qg_lut_[1]);
+  } else if (gu || down) {
+    throw std::invalid_argument(
+        "grouped storage (gu_group, down_group, ...) applies to "
+        "LLAMAFILE, RAWINT4 and GPTQ_INT4 only, not to method " +
+        method);
+  }
   fp8_block_ = method == "FP8";
   if (int(isa) > int(selected_isa()))
     throw std::invalid_argument(std::string("MoELayer: isa ") + isa_name(isa) +
                                 " is above the selected level " + isa_name(selected_isa()));
-  if (isa == IsaLevel::amx) isa_ = IsaLevel::avx512_bf16;  // AMX kernels are not generated yet
+  // The NEON generator (jit/aarch64/gemm_a64.cpp) builds int8, int4 and bf16 only: other formats
+  // run their C++ reference kernels on AArch64.
+  if (isa_is_neon(isa_) && format_ != WeightFormat::int8 && format_ != WeightFormat::int4 &&
+      format_ != WeightFormat::bf16) {
+    debug_log("MoELayer: " + method + " is not generated for NEON; using the reference kernels");
+    isa_ = IsaLevel::ref;
+  }
   lanes_ = vec_lanes(isa_);
   const auto& b = shard_bounds;
   bool ok = b.size() >= 2 && b.front() == 0 && b.back() == shape.intermediate;
@@ -163,7 +232,28 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     sh.i_end = b[s + 1];
     const int64_t is = sh.i_end - sh.i_begin;
     const int bits = format_bits(format_);
-    if (format_ == WeightFormat::fp8) {
+    if (format_ == WeightFormat::qgroup) {
+      if (sh.i_begin % qg_down_.group != 0 || sh.i_end % qg_down_.group != 0)
+        throw std::invalid_argument("shard_bounds: " + method +
+                                    " shards split down's K (I) and must lie on multiples "
+                                    "of down_group " +
+                                    std::to_string(qg_down_.group) + ", got [" +
+                                    std::to_string(sh.i_begin) + ", " + std::to_string(sh.i_end) +
+                                    ")");
+      sh.gu = formats::qgroup_layout(is, shape.hidden, lanes_, kStripVecs, 2, qg_gu_);
+      sh.down = formats::qgroup_layout(shape.hidden, is, lanes_, kStripVecs, 1, qg_down_);
+    } else if (is_mx_format(format_)) {  // formats/mx.hpp: K in groups of 32 with per-column scales
+      if (shape.hidden % 32 != 0 || sh.i_begin % 32 != 0 || sh.i_end % 32 != 0)
+        throw std::invalid_argument(
+            method +
+            ": hidden size and shard bounds must be multiples of 32 (the MX scale "
+            "group), got hidden " +
+            std::to_string(shape.hidden) + ", shard [" + std::to_string(sh.i_begin) + ", " +
+            std::to_string(sh.i_end) + ")");
+      const bool fp4 = format_ == WeightFormat::mxfp4;
+      sh.gu = formats::mx_layout(is, shape.hidden, lanes_, kStripVecs, 2, fp4);
+      sh.down = formats::mx_layout(shape.hidden, is, lanes_, kStripVecs, 1, fp4);
+    } else if (format_ == WeightFormat::fp8) {
       // One K step per element; the scale group is the 128-wide block or the whole row.
       if (fp8_block_ && sh.i_begin % 128 != 0)
         throw std::invalid_argument(
@@ -193,15 +283,25 @@ WeightFormat method_format(const std::string& method) {
   if (method == "AMXINT4" || method == "MOE_INT4") return WeightFormat::int4;
   if (method == "BF16") return WeightFormat::bf16;
   if (method == "FP8" || method == "FP8_PERCHANNEL") return WeightFormat::fp8;
+  if (method == "MXFP4") return WeightFormat::mxfp4;
+  if (method == "MXFP8") return WeightFormat::mxfp8;
+  if (method == "LLAMAFILE" || method == "RAWINT4" || method == "GPTQ_INT4")
+    return WeightFormat::qgroup;
   throw std::invalid_argument("method '" + method +
                               "' is not built; built methods: " + built_methods());
 }
 
 const char* built_methods() {
-  return "AMXINT8, MOE_INT8, AMXINT4, MOE_INT4, BF16, FP8, FP8_PERCHANNEL";
+  return "AMXINT8, MOE_INT8, AMXINT4, MOE_INT4, BF16, FP8, FP8_PERCHANNEL, MXFP4, MXFP8, "
+         "LLAMAFILE, RAWINT4, GPTQ_INT4";
 }
 
-GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs) {
+GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs,
+                                   uint8_t variant) {
+  // amx: AMX-INT8 prefill tiles for experts with >= 16 rows (docs/ARCHITECTURE.md "AMX"); decode,
+  // short experts, remainders and the other formats run the avx512_bf16 kernels.
+  const bool amx = isa == IsaLevel::amx;
+  if (amx) isa = IsaLevel::avx512_bf16;
   GemmKernelSet ks;
   ks.isa = isa;
   ks.epilogue = epi;
@@ -214,6 +314,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     k.m_r = uint8_t(m_r);
     k.n_vec = uint8_t(nv);
     k.epilogue = epi;
+    k.variant = variant;
     return k;
   };
   const int tail = tail_vecs ? tail_vecs : kStripVecs;
@@ -223,6 +324,12 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
   }
   ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kStripVecs);
   ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
+  if (amx && fmt == WeightFormat::int8) {
+    ks.amx_rows = ks.amx_min_rows = 16;
+    ks.amx_full = key(KernelKind::gemm_prefill, ks.amx_rows, kStripVecs);
+    ks.amx_tail = key(KernelKind::gemm_prefill, ks.amx_rows, tail);
+    ks.amx_full.isa = ks.amx_tail.isa = IsaLevel::amx;
+  }
   return ks;
 }
 
@@ -231,6 +338,10 @@ std::vector<KernelKey> GemmKernelSet::keys() const {
   k.insert(k.end(), decode_tail.begin(), decode_tail.end());
   k.push_back(prefill_full);
   k.push_back(prefill_tail);
+  if (amx_rows) {
+    k.push_back(amx_full);
+    k.push_back(amx_tail);
+  }
   std::vector<KernelKey> unique;
   for (auto& x : k)
     if (std::find(unique.begin(), unique.end(), x) == unique.end()) unique.push_back(x);
@@ -256,14 +367,24 @@ std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, 
 void MoELayer::build_kernels() {
   auto& cache = KernelCache::instance();
   for (Shard& sh : shards_) {
-    sh.gu_kernels = make_gemm_kernel_set(isa_, format_, Epilogue::siluup, sh.gu.tail_vecs);
-    sh.down_kernels = make_gemm_kernel_set(isa_, format_, Epilogue::accum, sh.down.tail_vecs);
+    auto qg_variant = [](const formats::GroupedSpec& g) {
+      return uint8_t((g.code_bits == 4 ? kQGroupNibbles : 0) | (g.bias ? kQGroupBias : 0));
+    };
+    const bool qg = format_ == WeightFormat::qgroup;
+    sh.gu_kernels = make_gemm_kernel_set(isa_, format_, Epilogue::siluup, sh.gu.tail_vecs,
+                                         qg ? qg_variant(qg_gu_) : swiglu_variant());
+    sh.down_kernels = make_gemm_kernel_set(isa_, format_, Epilogue::accum, sh.down.tail_vecs,
+                                           qg ? qg_variant(qg_down_) : 0);
     if (isa_ == IsaLevel::ref) continue;
     for (GemmKernelSet* ks : {&sh.gu_kernels, &sh.down_kernels}) {
       for (auto& k : ks->decode_full) ks->decode_full_k.push_back(cache.get(k));
       for (auto& k : ks->decode_tail) ks->decode_tail_k.push_back(cache.get(k));
       ks->prefill_full_k = cache.get(ks->prefill_full);
       ks->prefill_tail_k = cache.get(ks->prefill_tail);
+      if (ks->amx_rows) {
+        ks->amx_full_k = cache.get(ks->amx_full);
+        ks->amx_tail_k = cache.get(ks->amx_tail);
+      }
     }
   }
 }
@@ -307,23 +428,29 @@ void MoELayer::load_from_float(const void* gate, const void* up, const void* dow
 void MoELayer::load_experts(const std::vector<ExpertSource>& experts, SourceDType dt,
                             ThreadPool& pool) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (format_ == WeightFormat::fp8)
+  if (format_ == WeightFormat::fp8 || is_mx_format(format_))
     throw std::invalid_argument("method " + method_ +
                                 " loads e4m3 checkpoints (load_experts_fp8 / load_weights), not "
+                                "float tensors");
+  if (format_ == WeightFormat::qgroup)
+    throw std::invalid_argument("method " + method_ +
+                                " loads k-group quantized experts (load_experts_grouped), not "
                                 "float tensors");
   const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
   for (const ExpertSource& x : experts)
     if (x.slot < 0 || x.slot >= E)
       throw std::invalid_argument("expert slot: expected a value in [0, " + std::to_string(E) +
                                   "), got " + std::to_string(x.slot));
-  ensure_allocated();
+  ensure_allocated(&pool);
   const auto quantize_w =
       format_ == WeightFormat::int4 ? formats::quantize_row_int4 : formats::quantize_row_int8;
   const int64_t n = int64_t(experts.size());
-  pool.run([&](int tid, int nt) {
+  // Shard s is packed by pool s % pools, so its pages are first touched on that pool's node.
+  pool.run_pools([&](const PoolWork& wk) {
     int64_t e0, e1;
-    split_range(n, tid, nt, &e0, &e1);
-    for (auto& sh : shards_) {
+    split_range(n, wk.tid, wk.nt, &e0, &e1);
+    for (int si = wk.pool; si < num_shards(); si += wk.pools) {
+      Shard& sh = shards_[size_t(si)];
       const int64_t is = sh.i_end - sh.i_begin;
       const bool bf16 = format_ == WeightFormat::bf16;
       std::vector<float> fg(size_t(is * H)), fu(size_t(is * H)), fd(size_t(H * is));
@@ -372,14 +499,18 @@ void MoELayer::load_experts(const std::vector<ExpertSource>& experts, SourceDTyp
     for (int si = 0; si < num_shards(); ++si) mark_loaded(si, x.slot);
 }
 
-void MoELayer::ensure_allocated() {
+void MoELayer::ensure_allocated(ThreadPool* pool) {
   const int64_t E = shape_.experts;
   if (!slot_loaded_.empty()) return;
-  for (auto& sh : shards_) {
+  for (size_t si = 0; si < shards_.size(); ++si) {
+    Shard& sh = shards_[si];
     sh.weights = AlignedBuffer(size_t(E * sh.expert_bytes));
     sh.scales = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
     sh.comps = AlignedBuffer(size_t(E * sh.expert_cols) * 4);
     if (sh.expert_gscale) sh.gscales = AlignedBuffer(size_t(E * sh.expert_gscale) * 4);
+    // Real multi-node pools: the weights (the one big buffer) go to the owning pool's node
+    // before anything touches them. Never a second copy: each shard lives on one node only.
+    if (pool) pool->bind_memory(sh.weights.as<void>(), sh.weights.size(), int(si) % pool->pools());
   }
   slot_loaded_.assign(size_t(E) * shards_.size(), 0);
 }
@@ -403,12 +534,13 @@ void MoELayer::load_experts_quantized(int shard, const std::vector<QuantExpertSo
       throw std::invalid_argument("expert slot: expected a value in [0, " +
                                   std::to_string(shape_.experts) + "), got " +
                                   std::to_string(x.slot));
-  ensure_allocated();
+  ensure_allocated(&pool);
   Shard& sh = shards_[size_t(shard)];
   const int64_t n = int64_t(experts.size());
-  pool.run([&](int tid, int nt) {
+  pool.run_pools([&](const PoolWork& wk) {  // on the pool that owns the shard (first touch)
+    if (shard % wk.pools != wk.pool) return;
     int64_t j0, j1;
-    split_range(n, tid, nt, &j0, &j1);
+    split_range(n, wk.tid, wk.nt, &j0, &j1);
     for (int64_t j = j0; j < j1; ++j) {
       const QuantExpertSource& x = experts[size_t(j)];
       int8_t* wb = sh.weights.as<int8_t>() + x.slot * sh.expert_bytes;
@@ -435,13 +567,14 @@ void MoELayer::load_experts_fp8(const std::vector<Fp8ExpertSource>& experts, Thr
     if (x.slot < 0 || x.slot >= E)
       throw std::invalid_argument("expert slot: expected a value in [0, " + std::to_string(E) +
                                   "), got " + std::to_string(x.slot));
-  ensure_allocated();
+  ensure_allocated(&pool);
   const int64_t hb = (H + 127) / 128, ib = (I + 127) / 128;
   const int64_t n = int64_t(experts.size());
-  pool.run([&](int tid, int nt) {
+  pool.run_pools([&](const PoolWork& wk) {  // shard s packed by pool s % pools (first touch)
     int64_t j0, j1;
-    split_range(n, tid, nt, &j0, &j1);
-    for (Shard& sh : shards_) {
+    split_range(n, wk.tid, wk.nt, &j0, &j1);
+    for (int si = wk.pool; si < num_shards(); si += wk.pools) {
+      Shard& sh = shards_[size_t(si)];
       const int64_t i0 = sh.i_begin, is = sh.i_end - sh.i_begin, isb = (is + 127) / 128;
       std::vector<uint8_t> down(size_t(H * is));  // the shard's column slice of down
       std::vector<float> down_bs(size_t(hb * isb));
@@ -483,6 +616,106 @@ void MoELayer::load_experts_fp8(const std::vector<Fp8ExpertSource>& experts, Thr
     for (int si = 0; si < num_shards(); ++si) mark_loaded(si, x.slot);
 }
 
+void MoELayer::load_experts_grouped(const std::vector<GroupedExpertSource>& experts,
+                                    ThreadPool& pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (format_ != WeightFormat::qgroup)
+    throw std::invalid_argument("load_experts_grouped: method " + method_ +
+                                " is not a grouped method (LLAMAFILE, RAWINT4, GPTQ_INT4)");
+  const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
+  for (const GroupedExpertSource& x : experts) {
+    if (x.slot < 0 || x.slot >= E)
+      throw std::invalid_argument("expert slot: expected a value in [0, " + std::to_string(E) +
+                                  "), got " + std::to_string(x.slot));
+    const std::pair<const formats::GroupedMatrix*, const char*> ms[3] = {
+        {&x.gate, "gate"}, {&x.up, "up"}, {&x.down, "down"}};
+    for (const auto& [m, name] : ms) {
+      const formats::GroupedSpec& sp = m == &x.down ? qg_down_ : qg_gu_;
+      const std::string what = "expert " + std::to_string(x.slot) + " " + name;
+      if (!m->codes || !m->scales)
+        throw std::invalid_argument(what + ": codes and scales are required");
+      if (m->group != sp.group)
+        throw std::invalid_argument(what + ": group " + std::to_string(m->group) +
+                                    " does not match the layer's " + std::to_string(sp.group));
+      if (m->biases && !sp.bias)
+        throw std::invalid_argument(what +
+                                    ": has biases but the layer was built without a bias term");
+    }
+  }
+  ensure_allocated(&pool);
+  const bool flip = qgroup_flip_codes(isa_);
+  const int64_t n = int64_t(experts.size());
+  pool.run_pools([&](const PoolWork& wk) {  // shard s packed by pool s % pools (first touch)
+    int64_t j0, j1;
+    split_range(n, wk.tid, wk.nt, &j0, &j1);
+    for (int si = wk.pool; si < num_shards(); si += wk.pools) {
+      Shard& sh = shards_[size_t(si)];
+      for (int64_t j = j0; j < j1; ++j) {
+        const GroupedExpertSource& x = experts[size_t(j)];
+        const std::string ex = "expert " + std::to_string(x.slot) + " ";
+        int8_t* wb = sh.weights.as<int8_t>() + x.slot * sh.expert_bytes;
+        // gate/up: rows [i_begin, i_end) of [I, H]; down: columns [i_begin, i_end) of [H, I].
+        const formats::GroupedSlice gu[2] = {{&x.gate, H, sh.i_begin, 0, ex + "gate"},
+                                             {&x.up, H, sh.i_begin, 0, ex + "up"}};
+        formats::pack_qgroup_strips(sh.gu, qg_gu_, gu, flip, wb);
+        const formats::GroupedSlice d{&x.down, I, 0, sh.i_begin, ex + "down"};
+        formats::pack_qgroup_strips(sh.down, qg_down_, &d, flip, wb + sh.gu.total_bytes());
+      }
+    }
+  });
+  for (const GroupedExpertSource& x : experts)
+    for (int si = 0; si < num_shards(); ++si) mark_loaded(si, x.slot);
+}
+
+void MoELayer::set_swiglu(float limit, float alpha) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!(limit >= 0.0f) || !(alpha >= 0.0f) || std::isinf(limit) || std::isinf(alpha))
+    throw std::invalid_argument("swiglu_limit / swiglu_alpha: expected finite values >= 0, got " +
+                                std::to_string(limit) + " / " + std::to_string(alpha));
+  if ((limit != 0.0f || alpha != 0.0f) && !is_mx_format(format_))
+    throw std::invalid_argument(
+        "swiglu_limit / swiglu_alpha: only methods MXFP4 and MXFP8 take them, got method " +
+        method_);
+  swiglu_limit_ = limit;
+  swiglu_alpha_ = alpha;
+  build_kernels();
+}
+
+void MoELayer::load_experts_mx(const std::vector<MxExpertSource>& experts, ThreadPool& pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!is_mx_format(format_))
+    throw std::invalid_argument("load_experts_mx: method " + method_ + " is not MXFP4 / MXFP8");
+  const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
+  for (const MxExpertSource& x : experts)
+    if (x.slot < 0 || x.slot >= E)
+      throw std::invalid_argument("expert slot: expected a value in [0, " + std::to_string(E) +
+                                  "), got " + std::to_string(x.slot));
+  ensure_allocated(&pool);
+  const bool fp4 = format_ == WeightFormat::mxfp4;
+  const int64_t h_bytes = fp4 ? H / 2 : H, i_bytes = fp4 ? I / 2 : I;  // row bytes
+  const int64_t n = int64_t(experts.size());
+  pool.run_pools([&](const PoolWork& wk) {  // shard s packed by pool s % pools (first touch)
+    int64_t j0, j1;
+    split_range(n, wk.tid, wk.nt, &j0, &j1);
+    for (int si = wk.pool; si < num_shards(); si += wk.pools) {
+      Shard& sh = shards_[size_t(si)];
+      const int64_t i0 = sh.i_begin;  // a multiple of 32: whole bytes and whole scale groups
+      for (int64_t j = j0; j < j1; ++j) {
+        const MxExpertSource& x = experts[size_t(j)];
+        uint8_t* wb = sh.weights.as<uint8_t>() + x.slot * sh.expert_bytes;
+        const uint8_t* gu_w[2] = {x.gate + i0 * h_bytes, x.up + i0 * h_bytes};
+        const uint8_t* gu_e[2] = {x.gate_scale + i0 * (H / 32), x.up_scale + i0 * (H / 32)};
+        formats::pack_mx_strips(sh.gu, fp4, gu_w, h_bytes, gu_e, H / 32, wb);
+        const uint8_t* d_w[1] = {x.down + (fp4 ? i0 / 2 : i0)};
+        const uint8_t* d_e[1] = {x.down_scale + i0 / 32};
+        formats::pack_mx_strips(sh.down, fp4, d_w, i_bytes, d_e, I / 32, wb + sh.gu.total_bytes());
+      }
+    }
+  });
+  for (const MxExpertSource& x : experts)
+    for (int si = 0; si < num_shards(); ++si) mark_loaded(si, x.slot);
+}
+
 void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout, bool reference,
                         const int8_t* w, const float* scale, const int32_t* comp,
                         int64_t strip_begin, int64_t strip_end, const int8_t* a, int64_t lda,
@@ -490,6 +723,23 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
                         int64_t out_col0, const float* row_weight, const float* gscale) const {
   const int full_cols = layout.strip_cols(layout.strip_vecs);
   const int out_full = gemm_strip_out_cols(isa_, layout.strip_vecs, ks.epilogue);
+  // qgroup: the rows' per-group activation sums s_g ([g][row], GemmArgs::a_gsum) for the VNNI
+  // offset and the bias term, computed here once per call from the int8 rows the kernels read.
+  const int32_t* gsum = nullptr;
+  if (format_ == WeightFormat::qgroup &&
+      qgroup_needs_gsum(ks.isa, ks.prefill_full.variant & kQGroupBias)) {
+    static thread_local std::vector<int32_t> gs;
+    const int64_t G = layout.g_steps * 4, groups = layout.groups();
+    gs.resize(size_t(groups * rows));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        const int8_t* q = a + r * lda + g * G;
+        int32_t sum = 0;
+        for (int64_t k = 0; k < G; ++k) sum += q[k];
+        gs[size_t(g * rows + r)] = sum;
+      }
+    gsum = gs.data();
+  }
   auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
                   int64_t m_blocks) {
     GemmArgs args;
@@ -508,6 +758,11 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     args.w_gscale = gscale ? gscale + s0 * layout.gscale_floats_per_strip() : nullptr;
     args.g_steps = layout.g_steps;
     args.g_per_strip = layout.groups();
+    args.swiglu_limit = swiglu_limit_;
+    args.swiglu_alpha = swiglu_alpha_;
+    args.lut = qg_lut_[ks.epilogue == Epilogue::siluup ? 0 : 1];
+    args.a_gsum = gsum ? gsum + row0 : nullptr;
+    args.a_gsum_ld = rows * 4;
     if (reference || !k)
       gemm_ref(key, args);
     else
@@ -533,11 +788,17 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     for (int64_t c0 = s0, n = 0; c0 < s1; c0 += n) {
       n = std::min(chunk, s1 - c0);
       int64_t row = 0;
-      if (rows > max_rows) {
-        const int64_t blocks = rows / max_rows;
+      if (ks.amx_rows && rows >= ks.amx_min_rows) {  // AMX tiles, then the rest as below
+        const int64_t blocks = rows / ks.amx_rows;
+        call(tail ? ks.amx_tail : ks.amx_full,
+             ref ? nullptr : (tail ? ks.amx_tail_k : ks.amx_full_k), c0, n, 0, blocks);
+        row = blocks * ks.amx_rows;
+      }
+      if (rows - row > max_rows) {
+        const int64_t blocks = (rows - row) / max_rows;
         call(tail ? ks.prefill_tail : ks.prefill_full,
-             ref ? nullptr : (tail ? ks.prefill_tail_k : ks.prefill_full_k), c0, n, 0, blocks);
-        row = blocks * max_rows;
+             ref ? nullptr : (tail ? ks.prefill_tail_k : ks.prefill_full_k), c0, n, row, blocks);
+        row += blocks * max_rows;
       }
       if (rows > row) {
         auto [key, k] = tail ? pick(ks.decode_tail, ks.decode_tail_k, int(rows - row))
@@ -548,6 +809,32 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
   }
 }
 
+namespace {
+// One activation row in the form the kernels read it: per-row int8 (in the VNNI `a + 128` form
+// when the ISA wants it) with its scale, or the fp32 row as it is (bf16/fp8 weights); the padding
+// up to `lda` bytes reads as zero. Every quantize path (prefill per token, decode per row inside
+// gate/up) goes through here, so the numbers never depend on the path.
+void quantize_act_row(const float* x, int64_t n, bool float_act, bool flip, int64_t lda, int8_t* q,
+                      float* scale) {
+  const int64_t bytes = n * (float_act ? 4 : 1);
+  if (float_act) {
+    std::memcpy(q, x, size_t(n) * 4);
+    *scale = 1.0f;
+  } else {
+    *scale = formats::quantize_row_int8(x, n, q);
+    if (flip) formats::flip_sign_bits(q, n);
+  }
+  // int8 zero is byte 0x80 in the VNNI (a + 128) form.
+  std::memset(q + bytes, flip && !float_act ? 0x80 : 0, size_t(lda - bytes));
+}
+}  // namespace
+
+// Phase plan (docs/ARCHITECTURE.md "One forward"): the caller routes, then ONE fork/join over all
+// pools; pool p runs shards p, p + P, ... with barriers that synchronise its own threads only;
+// after the join the shard partials are summed in shard order.
+//   decode (every expert <= one register tile of rows): [gate/up, each thread quantizing the
+//     rows it reads] | [quantize h] | [down]                          -> 2 barriers (1 for float)
+//   prefill: [quantize tokens] | [gather rows] | [gate/up] | [quantize h] | [down] -> 4 barriers
 void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const float* w,
                        const bool* mask, float* out, ThreadPool& pool, bool reference) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -563,11 +850,16 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
   }
   s.active.clear();
   s.offset.assign(size_t(E), 0);
-  int64_t rows = 0;
+  int64_t rows = 0, max_count = 0;
   for (int64_t e = 0; e < E; ++e) {
     s.offset[size_t(e)] = rows;
     if (s.count[size_t(e)]) s.active.push_back(int(e));
     rows += s.count[size_t(e)];
+    max_count = std::max(max_count, s.count[size_t(e)]);
+  }
+  if (rows == 0) {
+    std::memset(out, 0, size_t(T * H) * 4);
+    return;
   }
   s.fill = s.offset;
   s.row_token.resize(size_t(rows));
@@ -582,165 +874,262 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
     }
   s.T = T;
   s.rows = rows;
-  // Activations: int8 rows for the integer formats, fp32 rows for bf16 weights.
-  const bool float_act = format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8;
-  const int64_t act_bytes = float_act ? 4 : 1;
-  s.lda_x = unaliased_stride(H * act_bytes);
+  s.x = x;
+  // Activations: int8 rows for the integer formats, fp32 rows for bf16/fp8 weights.
+  const bool float_act =
+      format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8 || is_mx_format(format_);
+  s.lda_x = unaliased_stride(H * (float_act ? 4 : 1));
   s.p_stride = unaliased_stride(H * 4) / 4;
-  s.xq.resize(size_t(T * s.lda_x));
-  s.xs.resize(size_t(T));
-  s.aq.resize(size_t(std::max<int64_t>(rows, 1) * s.lda_x));
-  s.as.resize(size_t(std::max<int64_t>(rows, 1)));
-  s.partial.resize(size_t(T * s.p_stride * int64_t(shards_.size())));
-  s.out_rows.resize(size_t(std::max<int64_t>(rows, 1)));
+  // Kernel choice is by tokens per expert: when every expert fits one decode tile, gate/up
+  // threads quantize the few rows they read themselves and the shared quantize phases go.
+  s.decode = max_count <= shards_[0].gu_kernels.max_rows;
+  const int P = pool.pools(), S = num_shards();
+  s.pools.resize(size_t(P));
+  if (!s.decode)
+    for (int p = 0; p < std::min(P, S); ++p) {
+      auto& ps = s.pools[size_t(p)];
+      ps.xq.resize(size_t(T * s.lda_x));
+      ps.xs.resize(size_t(T));
+      ps.aq.resize(size_t(rows * s.lda_x));
+      ps.as.resize(size_t(rows));
+    }
+  s.shards.resize(size_t(S));
+  for (int si = 0; si < S; ++si) prepare_shard(si, s);
 
-  const bool flip = int8_activation_offset(isa_);
-  // Phase 1: quantize each token once; clear the shard partials.
-  pool.run([&](int tid, int nt) {
-    int64_t t0, t1;
-    split_range(T, tid, nt, &t0, &t1);
-    for (int64_t t = t0; t < t1; ++t) {
-      int8_t* q = s.xq.data() + t * s.lda_x;
-      if (float_act) {
-        std::memcpy(q, x + t * H, size_t(H) * 4);
-        s.xs[size_t(t)] = 1.0f;
-      } else {
-        s.xs[size_t(t)] = formats::quantize_row_int8(x + t * H, H, q);
-        if (flip) formats::flip_sign_bits(q, H);
+  pool.run_pools([&](const PoolWork& wk) {
+    if (wk.pool >= S) return;  // fewer shards than pools
+    if (!s.decode) {
+      auto& ps = s.pools[size_t(wk.pool)];
+      const bool flip = gemm_activation_offset(isa_, format_);
+      int64_t t0, t1;
+      split_range(T, wk.tid, wk.nt, &t0, &t1);
+      for (int64_t t = t0; t < t1; ++t)
+        quantize_act_row(x + t * H, H, float_act, flip, s.lda_x, ps.xq.data() + t * s.lda_x,
+                         &ps.xs[size_t(t)]);
+      wk.barrier();
+      // Gather each expert's rows so its tile reads them at a fixed stride.
+      int64_t r0, r1;
+      split_range(rows, wk.tid, wk.nt, &r0, &r1);
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t t = s.row_token[size_t(r)];
+        std::memcpy(ps.aq.data() + r * s.lda_x, ps.xq.data() + t * s.lda_x, size_t(s.lda_x));
+        ps.as[size_t(r)] = ps.xs[size_t(t)];
       }
-      // Padding must read as zero: int8 zero is byte 0x80 in the VNNI (a + 128) form.
-      std::memset(q + H * act_bytes, flip && !float_act ? 0x80 : 0,
-                  size_t(s.lda_x - H * act_bytes));
-      std::memset(s.partial.data() + t * s.p_stride * int64_t(shards_.size()), 0,
-                  size_t(s.p_stride * int64_t(shards_.size())) * 4);
+      wk.barrier();
     }
+    for (int si = wk.pool; si < S; si += wk.pools) forward_shard(si, s, reference, wk);
   });
-  if (rows == 0) {
-    std::memset(out, 0, size_t(T * H) * 4);
-    return;
-  }
-  // Phase 2: gather each expert's rows so its tile reads them at a fixed stride.
-  pool.run([&](int tid, int nt) {
-    int64_t r0, r1;
-    split_range(rows, tid, nt, &r0, &r1);
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t t = s.row_token[size_t(r)];
-      std::memcpy(s.aq.data() + r * s.lda_x, s.xq.data() + t * s.lda_x, size_t(s.lda_x));
-      s.as[size_t(r)] = s.xs[size_t(t)];
-    }
-  });
-  for (size_t si = 0; si < shards_.size(); ++si) {
-    for (int64_t r = 0; r < rows; ++r)
-      s.out_rows[size_t(r)] =
-          s.partial.data() +
-          (int64_t(s.row_token[size_t(r)]) * int64_t(shards_.size()) + int64_t(si)) * s.p_stride;
-    forward_shard(shards_[si], s, reference, pool);
-  }
-  // Last phase: sum the shard partials in shard order into the output.
-  const int64_t S = int64_t(shards_.size());
-  pool.run([&](int tid, int nt) {
-    int64_t t0, t1;
-    split_range(T, tid, nt, &t0, &t1);
+
+  // Sum the shard partials in shard order into the output: a fixed order, so the result never
+  // depends on the pool or thread count.
+  auto merge = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const float* p = s.partial.data() + t * S * s.p_stride;
       float* o = out + t * H;
-      std::memcpy(o, p, size_t(H) * 4);
-      for (int64_t si = 1; si < S; ++si)
-        for (int64_t h = 0; h < H; ++h) o[h] += p[si * s.p_stride + h];
+      std::memcpy(o, s.shards[0].partial.data() + t * s.p_stride, size_t(H) * 4);
+      for (int si = 1; si < S; ++si) {
+        const float* p = s.shards[size_t(si)].partial.data() + t * s.p_stride;
+        for (int64_t h = 0; h < H; ++h) o[h] += p[h];
+      }
     }
-  });
+  };
+  if (T * H * S <= (int64_t(1) << 16)) {
+    merge(0, T);  // decode: cheaper than waking the pools again
+  } else {
+    pool.run([&](int tid, int nt) {
+      int64_t t0, t1;
+      split_range(T, tid, nt, &t0, &t1);
+      merge(t0, t1);
+    });
+  }
 }
 
-void MoELayer::forward_shard(const Shard& sh, Scratch& s, bool reference, ThreadPool& pool) {
-  const int64_t is = sh.i_end - sh.i_begin;
-  const int64_t rows = s.rows;
-  const bool flip = int8_activation_offset(isa_);
-  const bool float_act = format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8;
-  s.h_stride = unaliased_stride(std::max<int64_t>(is, 1) * 4) / 4;
-  s.lda_h = unaliased_stride(std::max<int64_t>(is, 1));
-  s.h.resize(size_t(rows * s.h_stride));
-  s.hq.resize(size_t(rows * s.lda_h));
-  s.hs.resize(size_t(rows));
-  s.h_rows.resize(size_t(rows));
-  for (int64_t r = 0; r < rows; ++r) s.h_rows[size_t(r)] = s.h.data() + r * s.h_stride;
-
-  const int64_t gu_strips = sh.gu.full_strips + (sh.gu.tail_vecs ? 1 : 0);
-  const int64_t down_strips = sh.down.full_strips + (sh.down.tail_vecs ? 1 : 0);
+// Sizes shard si's scratch for this forward and lays out its pointers and gate/up work split
+// (on the caller, before the fork).
+void MoELayer::prepare_shard(int si, Scratch& s) const {
+  const Shard& sh = shards_[size_t(si)];
+  auto& ss = s.shards[size_t(si)];
+  const int64_t is = sh.i_end - sh.i_begin, rows = s.rows;
+  const bool float_act =
+      format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8 || is_mx_format(format_);
+  ss.h_stride = unaliased_stride(std::max<int64_t>(is, 1) * 4) / 4;
+  ss.lda_h = unaliased_stride(std::max<int64_t>(is, 1));
+  ss.h.resize(size_t(rows * ss.h_stride));
+  if (!float_act) ss.hq.resize(size_t(rows * ss.lda_h));
+  if (float_act)
+    ss.hs.assign(size_t(rows), 1.0f);
+  else
+    ss.hs.resize(size_t(rows));
+  ss.h_rows.resize(size_t(rows));
+  ss.out_rows.resize(size_t(rows));
+  ss.partial.resize(size_t(s.T * s.p_stride));
+  for (int64_t r = 0; r < rows; ++r) {
+    ss.h_rows[size_t(r)] = ss.h.data() + r * ss.h_stride;
+    ss.out_rows[size_t(r)] = ss.partial.data() + int64_t(s.row_token[size_t(r)]) * s.p_stride;
+  }
   // Gate/up work units (expert, strip), split into contiguous runs of about equal cost so each
   // thread streams one region of weights. Cost ~ bytes read + multiply work.
+  const int64_t gu_strips = sh.gu.full_strips + (sh.gu.tail_vecs ? 1 : 0);
   const int64_t na = int64_t(s.active.size());
-  std::vector<int64_t> cost_prefix(size_t(na * gu_strips + 1), 0);
+  ss.gu_cost.assign(size_t(na * gu_strips + 1), 0);
   for (int64_t ai = 0; ai < na; ++ai) {
     const int64_t m = s.count[size_t(s.active[size_t(ai)])];
     for (int64_t st = 0; st < gu_strips; ++st) {
       const int64_t c = (st < sh.gu.full_strips ? sh.gu.strip_vecs : sh.gu.tail_vecs) * (m + 4);
-      cost_prefix[size_t(ai * gu_strips + st + 1)] = cost_prefix[size_t(ai * gu_strips + st)] + c;
+      ss.gu_cost[size_t(ai * gu_strips + st + 1)] = ss.gu_cost[size_t(ai * gu_strips + st)] + c;
     }
   }
-  const int64_t total_cost = cost_prefix.back();
+}
 
-  // Phase 3: gate+up with the SiLU*up epilogue into h.
-  pool.run([&](int tid, int nt) {
-    const int64_t c0 = total_cost * tid / nt, c1 = total_cost * (tid + 1) / nt;
-    const int64_t u0 =
-        std::lower_bound(cost_prefix.begin(), cost_prefix.end(), c0) - cost_prefix.begin();
-    const int64_t u1 =
-        std::lower_bound(cost_prefix.begin(), cost_prefix.end(), c1) - cost_prefix.begin();
-    int64_t u = u0;
-    while (u < u1) {
-      const int64_t ai = u / gu_strips, st0 = u % gu_strips;
-      const int64_t st1 = std::min(gu_strips, st0 + (u1 - u));
-      const int64_t e = s.active[size_t(ai)];
-      const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
-      const int64_t p = e;
-      run_gemm(sh.gu_kernels, sh.gu, reference, sh.weights.as<int8_t>() + p * sh.expert_bytes,
-               sh.scales.as<float>() + p * sh.expert_cols,
-               sh.comps.as<int32_t>() + p * sh.expert_cols, st0, st1, s.aq.data() + row0 * s.lda_x,
-               s.lda_x, s.as.data() + row0, m, s.h_rows.data() + row0, 0, nullptr,
-               sh.expert_gscale ? sh.gscales.as<float>() + p * sh.expert_gscale : nullptr);
-      u += st1 - st0;
+// Shard si on the threads of the pool that owns it (see forward() for the phase plan).
+void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork& wk) {
+  const Shard& sh = shards_[size_t(si)];
+  auto& ss = s.shards[size_t(si)];
+  const int64_t is = sh.i_end - sh.i_begin, rows = s.rows, H = shape_.hidden;
+  const bool flip = gemm_activation_offset(isa_, format_);
+  const bool float_act =
+      format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8 || is_mx_format(format_);
+  const int tid = wk.tid, nt = wk.nt;
+  {  // this shard's partial starts at zero; down accumulates into it after a barrier
+    int64_t t0, t1;
+    split_range(s.T, tid, nt, &t0, &t1);
+    if (t1 > t0)
+      std::memset(ss.partial.data() + t0 * s.p_stride, 0, size_t((t1 - t0) * s.p_stride) * 4);
+  }
+  // Phase: gate+up with the SiLU*up epilogue into h.
+  const int64_t gu_strips = sh.gu.full_strips + (sh.gu.tail_vecs ? 1 : 0);
+  const int64_t total_cost = ss.gu_cost.back();
+  const int64_t c0 = total_cost * tid / nt, c1 = total_cost * (tid + 1) / nt;
+  const int64_t u0 =
+      std::lower_bound(ss.gu_cost.begin(), ss.gu_cost.end(), c0) - ss.gu_cost.begin();
+  const int64_t u1 =
+      std::lower_bound(ss.gu_cost.begin(), ss.gu_cost.end(), c1) - ss.gu_cost.begin();
+  // Decode: the rows of the experts this thread reads, quantized here (a thread-local buffer, so
+  // it lands on the thread's node).
+  static thread_local std::vector<int8_t> own_q;
+  static thread_local std::vector<float> own_s;
+  const auto* pool_s = s.decode ? nullptr : &s.pools[size_t(wk.pool)];
+  for (int64_t u = u0; u < u1;) {
+    const int64_t ai = u / gu_strips, st0 = u % gu_strips;
+    const int64_t st1 = std::min(gu_strips, st0 + (u1 - u));
+    const int64_t e = s.active[size_t(ai)];
+    const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
+    const int8_t* a;
+    const float* a_scale;
+    if (pool_s) {
+      a = pool_s->aq.data() + row0 * s.lda_x;
+      a_scale = pool_s->as.data() + row0;
+    } else {
+      own_q.resize(size_t(m * s.lda_x));
+      own_s.resize(size_t(m));
+      for (int64_t i = 0; i < m; ++i)
+        quantize_act_row(s.x + int64_t(s.row_token[size_t(row0 + i)]) * H, H, float_act, flip,
+                         s.lda_x, own_q.data() + i * s.lda_x, &own_s[size_t(i)]);
+      a = own_q.data();
+      a_scale = own_s.data();
     }
-  });
-  // Phase 4: quantize the intermediate of every (expert, token) row over this shard's slice
-  // (bf16 weights take the fp32 intermediate as it is).
-  if (!float_act)
-    pool.run([&](int tid, int nt) {
-      int64_t r0, r1;
-      split_range(rows, tid, nt, &r0, &r1);
-      for (int64_t r = r0; r < r1; ++r) {
-        int8_t* q = s.hq.data() + r * s.lda_h;
-        s.hs[size_t(r)] = formats::quantize_row_int8(s.h.data() + r * s.h_stride, is, q);
-        if (flip) formats::flip_sign_bits(q, is);
-        std::memset(q + is, flip ? 0x80 : 0, size_t(s.lda_h - is));
+    run_gemm(sh.gu_kernels, sh.gu, reference, sh.weights.as<int8_t>() + e * sh.expert_bytes,
+             sh.scales.as<float>() + e * sh.expert_cols,
+             sh.comps.as<int32_t>() + e * sh.expert_cols, st0, st1, a, s.lda_x, a_scale, m,
+             ss.h_rows.data() + row0, 0, nullptr,
+             sh.expert_gscale ? sh.gscales.as<float>() + e * sh.expert_gscale : nullptr);
+    u += st1 - st0;
+  }
+  wk.barrier();
+  // Phase (integer formats): quantize the intermediate of every (expert, token) row over this
+  // shard's slice of I. bf16/fp8 weights take the fp32 intermediate as it is.
+  if (!float_act) {
+    int64_t r0, r1;
+    split_range(rows, tid, nt, &r0, &r1);
+    for (int64_t r = r0; r < r1; ++r)
+      quantize_act_row(ss.h.data() + r * ss.h_stride, is, false, flip, ss.lda_h,
+                       ss.hq.data() + r * ss.lda_h, &ss.hs[size_t(r)]);
+    wk.barrier();
+  }
+  const int8_t* down_a = float_act ? reinterpret_cast<const int8_t*>(ss.h.data()) : ss.hq.data();
+  const int64_t down_lda = float_act ? ss.h_stride * 4 : ss.lda_h;
+  // Phase: down projection; each thread owns a run of output strips and adds the experts into
+  // them in ascending expert order, so the sum order never depends on the thread count.
+  const int64_t down_strips = sh.down.full_strips + (sh.down.tail_vecs ? 1 : 0);
+  int64_t st0, st1;
+  split_range(down_strips, tid, nt, &st0, &st1);
+  if (st0 >= st1) return;
+  for (int e : s.active) {
+    const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
+    run_gemm(sh.down_kernels, sh.down, reference,
+             sh.weights.as<int8_t>() + int64_t(e) * sh.expert_bytes + sh.gu.total_bytes(),
+             sh.scales.as<float>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(),
+             sh.comps.as<int32_t>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(), st0, st1,
+             down_a + row0 * down_lda, down_lda, ss.hs.data() + row0, m, ss.out_rows.data() + row0,
+             0, s.row_weight.data() + row0,
+             sh.expert_gscale
+                 ? sh.gscales.as<float>() + int64_t(e) * sh.expert_gscale + sh.gu.gscale_floats()
+                 : nullptr);
+  }
+}
+
+// MXFP4 / MXFP8: the checkpoint bytes are in the strips as they were (MXFP4: 4-byte chunks of
+// 8 nibbles per column, MXFP8: one byte per k), and so are the exponents (MXFP8: stored + 8).
+void MoELayer::write_expert_mx(int64_t slot, int tp, int rank, uint8_t* w13, uint8_t* w13_scale,
+                               uint8_t* w2, uint8_t* w2_scale) const {
+  const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
+  if (!loaded_) throw std::runtime_error("write_weight_scale_to_buffer: weights are not loaded");
+  if (slot < 0 || slot >= E)
+    throw std::invalid_argument("expert_id: expected a value in [0, " + std::to_string(E) +
+                                "), got " + std::to_string(slot));
+  if (tp < 1 || I % tp != 0 || (I / tp) % 32 != 0)
+    throw std::invalid_argument("gpu_tp_count: " + method_ +
+                                " needs I / gpu_tp_count to be a multiple of 32 (I = " +
+                                std::to_string(I) + "), got " + std::to_string(tp));
+  if (rank < 0 || rank >= tp)
+    throw std::invalid_argument("rank: expected a value in [0, " + std::to_string(tp) + ")");
+  if (!w13_scale || !w2_scale)
+    throw std::invalid_argument("write_weight_scale_to_buffer: " + method_ +
+                                " needs scale pointers");
+  const bool fp4 = format_ == WeightFormat::mxfp4;
+  const int64_t ir = I / tp, i0 = int64_t(rank) * ir, i1 = i0 + ir;
+  // Row r (source src) of layout l: k in [k0, k1) (whole groups) into out (bytes) and its
+  // exponents into es. Per group: `cols` exponent bytes, then the group's weights.
+  auto row = [&](const formats::StripLayout& l, const uint8_t* wb, int src, int64_t r, int64_t k0,
+                 int64_t k1, uint8_t* out, uint8_t* es) {
+    int64_t strip;
+    int col, cols;
+    formats::packed_column_of(l, src, r, &strip, &col, &cols);
+    const int64_t group_bytes = cols + 32 * cols / (fp4 ? 2 : 1);
+    for (int64_t g = k0 / 32; g < k1 / 32; ++g) {
+      const uint8_t* gb = wb + l.strip_offset(strip) + g * group_bytes;
+      es[g - k0 / 32] = uint8_t(gb[col] - (fp4 ? 0 : 8));
+      uint8_t* o = out + (g * 32 - k0) / (fp4 ? 2 : 1);
+      if (fp4)
+        for (int64_t b = 0; b < 4; ++b) std::memcpy(o + b * 4, gb + cols + (b * cols + col) * 4, 4);
+      else
+        for (int64_t k = 0; k < 32; ++k) o[k] = gb[cols + k * cols + col];
+    }
+  };
+  const int64_t hb = fp4 ? H / 2 : H, irb = fp4 ? ir / 2 : ir;  // row bytes of w13 and w2
+  for (const Shard& sh : shards_) {
+    const int64_t a = std::max(i0, sh.i_begin), b = std::min(i1, sh.i_end);
+    if (a >= b) continue;
+    const uint8_t* wb = sh.weights.as<uint8_t>() + slot * sh.expert_bytes;
+    for (int src = 0; src < 2; ++src)  // gate rows, then up rows
+      for (int64_t r = a; r < b; ++r) {
+        const int64_t o = src * ir + r - i0;
+        row(sh.gu, wb, src, r - sh.i_begin, 0, H, w13 + o * hb, w13_scale + o * (H / 32));
       }
-    });
-  const int8_t* down_a = float_act ? reinterpret_cast<const int8_t*>(s.h.data()) : s.hq.data();
-  const int64_t down_lda = float_act ? s.h_stride * 4 : s.lda_h;
-  if (float_act) s.hs.assign(size_t(rows), 1.0f);
-  // Phase 5: down projection; each thread owns a run of output strips and adds the experts
-  // into them in ascending expert order, so the sum order never depends on the thread count.
-  pool.run([&](int tid, int nt) {
-    int64_t st0, st1;
-    split_range(down_strips, tid, nt, &st0, &st1);
-    if (st0 >= st1) return;
-    for (int e : s.active) {
-      const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
-      run_gemm(sh.down_kernels, sh.down, reference,
-               sh.weights.as<int8_t>() + int64_t(e) * sh.expert_bytes + sh.gu.total_bytes(),
-               sh.scales.as<float>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(),
-               sh.comps.as<int32_t>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(), st0, st1,
-               down_a + row0 * down_lda, down_lda, s.hs.data() + row0, m, s.out_rows.data() + row0,
-               0, s.row_weight.data() + row0,
-               sh.expert_gscale
-                   ? sh.gscales.as<float>() + int64_t(e) * sh.expert_gscale + sh.gu.gscale_floats()
-                   : nullptr);
-    }
-  });
+    for (int64_t h = 0; h < H; ++h)
+      row(sh.down, wb + sh.gu.total_bytes(), 0, h, a - sh.i_begin, b - sh.i_begin,
+          w2 + h * irb + (fp4 ? (a - i0) / 2 : a - i0), w2_scale + h * (ir / 32) + (a - i0) / 32);
+  }
 }
 
 void MoELayer::write_expert(int64_t slot, int tp, int rank, void* w13, float* w13_scale, void* w2,
                             float* w2_scale) const {
   const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
+  if (is_mx_format(format_)) {
+    write_expert_mx(slot, tp, rank, static_cast<uint8_t*>(w13),
+                    reinterpret_cast<uint8_t*>(w13_scale), static_cast<uint8_t*>(w2),
+                    reinterpret_cast<uint8_t*>(w2_scale));
+    return;
+  }
   if (format_ != WeightFormat::bf16 && format_ != WeightFormat::fp8)
     throw std::invalid_argument("write_weight_scale_to_buffer: method " + method_ +
                                 " is not a native checkpoint format (BF16, FP8, FP8_PERCHANNEL)");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/grouped.hpp"
 #include "formats/int8.hpp"
 #include "jit/cpu/cpu.hpp"
 #include "jit/gemm.hpp"
@@ -57,6 +58,13 @@ struct GemmKernelSet {
   std::vector<const Kernel*> decode_full_k, decode_tail_k;
   const Kernel* prefill_full_k = nullptr;
   const Kernel* prefill_tail_k = nullptr;
+  // isa amx, int8 weights: AMX prefill kernels (tiles of amx_rows = 16 rows) for the first
+  // floor(m / 16) * 16 rows of an expert with m >= amx_min_rows rows; the remaining rows, and
+  // experts with fewer rows, take the avx512_bf16 (VNNI) kernels above. amx_rows 0 = no AMX.
+  int amx_rows = 0, amx_min_rows = 0;
+  KernelKey amx_full, amx_tail;
+  const Kernel* amx_full_k = nullptr;
+  const Kernel* amx_tail_k = nullptr;
   std::vector<KernelKey> keys() const;  // distinct keys, decode first
 };
 
@@ -66,7 +74,9 @@ WeightFormat method_format(const std::string& method);
 const char* built_methods();
 
 // The kernel keys (not yet generated) an integer layer of this shape uses at `isa`.
-GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs);
+// `variant`: the keys' KernelKey::variant (mx gate/up: kSwigluClamp | kSwigluAlpha).
+GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs,
+                                   uint8_t variant = 0);
 std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa);
 
 // A slice [i_begin, i_end) of the intermediate dimension of every expert (the unit a NUMA pool
@@ -91,6 +101,16 @@ class MoELayer {
   // parts of a checkpoint quantized per NUMA part).
   MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
            const std::vector<int64_t>& shard_bounds);
+  // k-group scaled integer methods (LLAMAFILE, RAWINT4, GPTQ_INT4: WeightFormat::qgroup): how
+  // gate/up and down are stored (formats/grouped.hpp). shard_bounds empty = one shard; bounds
+  // must be multiples of down.group (down's K is I); H must be a multiple of gu.group and I of
+  // down.group. Throws std::invalid_argument otherwise.
+  MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
+           const std::vector<int64_t>& shard_bounds, const formats::GroupedSpec& gu,
+           const formats::GroupedSpec& down);
+  // Even shard bounds on down.group boundaries (formats::qgroup_shard_bounds).
+  static std::vector<int64_t> grouped_shard_bounds(int64_t intermediate, int64_t down_group,
+                                                   int shards);
   ~MoELayer();
 
   // gate/up [E, I, H], down [E, H, I] in `dtype`; map[p] = logical expert held by slot p (or null).
@@ -126,11 +146,38 @@ class MoELayer {
     const float *gate_scale, *up_scale, *down_scale;
   };
   void load_experts_fp8(const std::vector<Fp8ExpertSource>& experts, ThreadPool& pool);
+  // qgroup experts: full matrices gate/up [I, H], down [H, I] (the layer slices them per shard:
+  // rows of gate/up, group-aligned columns of down) packed in parallel. Groups must match the
+  // layer's specs; 4-bit layers need every code in the table (else std::invalid_argument naming
+  // the expert, matrix, row and column). A null `biases` under a bias spec counts as zeros.
+  struct GroupedExpertSource {
+    int64_t slot;
+    formats::GroupedMatrix gate, up, down;
+  };
+  void load_experts_grouped(const std::vector<GroupedExpertSource>& experts, ThreadPool& pool);
+  const formats::GroupedSpec& grouped_spec(bool down) const { return down ? qg_down_ : qg_gu_; }
+  // MXFP4 / MXFP8 experts (formats/mx.hpp), row-major checkpoint bytes: gate/up [I, H/2] (MXFP4)
+  // or [I, H] (MXFP8), down [H, I/2] or [H, I]; ue8m0 scales gate/up [I, H/32], down [H, I/32].
+  // An exponent of 255 (NaN), or >= 247 for MXFP8, is refused (std::invalid_argument).
+  struct MxExpertSource {
+    int64_t slot;
+    const uint8_t *gate, *up, *down;
+    const uint8_t *gate_scale, *up_scale, *down_scale;
+  };
+  void load_experts_mx(const std::vector<MxExpertSource>& experts, ThreadPool& pool);
+  // MXFP4 / MXFP8 only (SPEC §4): limit L > 0 clamps g = min(g, L), u = clamp(u, -L, L) before
+  // SiLU; alpha > 0 computes g * sigmoid(alpha * g) * (u + 1) (g clamped to [-L, L] too when
+  // L > 0). 0 turns either off. Other methods accept only zeros. Rebuilds the gate/up kernels.
+  void set_swiglu(float limit, float alpha);
+  float swiglu_limit() const { return swiglu_limit_; }
+  float swiglu_alpha() const { return swiglu_alpha_; }
   // Writes expert `slot` back in its checkpoint encoding for GPU rank `rank` of `tp` (SGLang's
   // write_weight_scale_to_buffer): w13 = [gate rows; up rows] of the rank's I/tp slice ([2*I/tp,
   // H]), w2 = the rank's column slice of down ([H, I/tp]). BF16: bf16 bytes, no scales. FP8: e4m3
   // bytes and fp32 block scales [2*I/tp/128, ceil(H/128)] and [ceil(H/128), I/tp/128];
-  // FP8_PERCHANNEL: fp32 row scales [2*I/tp] and [H]. Read from the packed weights (no copy of
+  // FP8_PERCHANNEL: fp32 row scales [2*I/tp] and [H]. MXFP4 / MXFP8: the checkpoint bytes
+  // ([2*I/tp, H/2 or H], [H, I/tp/2 or I/tp]) and ue8m0 scale bytes ([2*I/tp, H/32],
+  // [H, I/tp/32]) through the same pointers. Read from the packed weights (no copy of
   // the checkpoint is kept).
   void write_expert(int64_t slot, int tp, int rank, void* w13, float* w13_scale, void* w2,
                     float* w2_scale) const;
@@ -157,21 +204,38 @@ class MoELayer {
                 int64_t strip_end, const int8_t* a, int64_t lda, const float* a_scale, int64_t rows,
                 float* const* out_rows, int64_t out_col0, const float* row_weight,
                 const float* gscale) const;
-  void forward_shard(const Shard& sh, Scratch& s, bool reference, ThreadPool& pool);
+  MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
+           const std::vector<int64_t>& shard_bounds, const formats::GroupedSpec* gu,
+           const formats::GroupedSpec* down);
+  void prepare_shard(int si, Scratch& s) const;
+  void write_expert_mx(int64_t slot, int tp, int rank, uint8_t* w13, uint8_t* w13_scale,
+                       uint8_t* w2, uint8_t* w2_scale) const;
+  void forward_shard(int si, Scratch& s, bool reference, const PoolWork& wk);
 
   MoEShape shape_;
   std::string method_;
   WeightFormat format_;
   bool fp8_block_ = false;  // FP8 (128x128 blocks) vs FP8_PERCHANNEL (row scales)
+  float swiglu_limit_ = 0.0f, swiglu_alpha_ = 0.0f;  // MXFP4 / MXFP8 (set_swiglu)
+  uint8_t swiglu_variant() const {
+    return uint8_t((swiglu_limit_ > 0.0f ? kSwigluClamp : 0) |
+                   (swiglu_alpha_ > 0.0f ? kSwigluAlpha : 0));
+  }
+  formats::GroupedSpec qg_gu_, qg_down_;   // qgroup: gate/up and down storage
+  alignas(16) int8_t qg_lut_[2][16] = {};  // qgroup: the kernels' tables (gate/up, down)
   IsaLevel isa_;
   int lanes_;
   std::vector<Shard> shards_;
   bool loaded_ = false;
   std::vector<uint8_t> slot_loaded_;  // [shard][slot]
-  void ensure_allocated();
+  // Allocates every shard's packed buffers once; with `pool`, binds shard s's pages to the node of
+  // pool s % pools (they are placed at first touch, by that pool's packing threads).
+  void ensure_allocated(ThreadPool* pool = nullptr);
   void mark_loaded(int shard, int64_t slot);
   std::unique_ptr<Scratch> scratch_;
   std::mutex mu_;
 };
+
+using GroupedExpertSource = MoELayer::GroupedExpertSource;
 
 }  // namespace ktjit

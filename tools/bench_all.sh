@@ -22,6 +22,7 @@ kernels() {
   done
 }
 isa=$("$PYTHON" -c "from kt_jit import _core; print(_core.isa())")
+(cd /tmp && "$PYTHON" -m kt_jit.bench_scaling --markdown "$tmp/scaling.md" >/dev/null)
 kernels "$isa" >"$tmp/kernels.txt"
 [ "$isa" != "avx2" ] && kernels avx2 >>"$tmp/kernels.txt"
 
@@ -47,9 +48,33 @@ for m in AMXINT8 AMXINT4 BF16 FP8; do
     ${extra[@]+"${extra[@]}"} --markdown "$tmp/$m.md" >/dev/null)
 done
 (cd /tmp && "$PYTHON" -m kt_jit.bench --method AMXINT8 --threads 2 --markdown "$tmp/2t.md" >/dev/null)
+# Checkpoint formats on the Qwen3 shape: GGUF types (decode and prefill), the k-group INT4 and MX.
+extra_runs=()
+for g in Q4_K Q6_K Q8_0 Q4_K_M; do
+  (cd /tmp && "$PYTHON" -m kt_jit.bench --method LLAMAFILE --gguf-type "$g" --tokens 1,4,64,1024 \
+    --markdown "$tmp/gguf_$g.md" >/dev/null)
+  extra_runs+=("gguf_$g")
+done
+for m in RAWINT4 MXFP4 MXFP8; do
+  (cd /tmp && "$PYTHON" -m kt_jit.bench --method "$m" --tokens 1,4,64,1024 \
+    --markdown "$tmp/$m.md" >/dev/null)
+  extra_runs+=("$m")
+done
+# DeepSeek-V3's expert shape (a 32-expert subset; 2 layers already stream 8 x 44 MB per forward).
+for m in AMXINT8 AMXINT4 BF16 FP8 MXFP4; do
+  (cd /tmp && "$PYTHON" -m kt_jit.bench --method "$m" --shape deepseek-v3 --layers 2 \
+    --tokens 1,4 --markdown "$tmp/ds_$m.md" >/dev/null)
+  extra_runs+=("ds_$m")
+done
 
 {
   cat docs/benchmarks_intro.md
+  echo
+  echo "## Scaling: kernel generation, cache hits, resident memory"
+  echo
+  echo 'Command: `python -m kt_jit.bench_scaling` (run by `tools/bench_all.sh`).'
+  echo
+  sed 's/^## /### /' "$tmp/scaling.md"
   echo
   echo "## Kernels alone (weights hot in L2/L3, one thread)"
   echo
@@ -58,7 +83,7 @@ done
   echo '```'
   cat "$tmp/kernels.txt"
   echo '```'
-  for f in AMXINT8 AMXINT4 BF16 FP8 2t; do
+  for f in AMXINT8 AMXINT4 BF16 FP8 2t "${extra_runs[@]}"; do
     echo
     sed 's/^# kt-jit MoE benchmark/## MoE layer/' "$tmp/$f.md"
   done

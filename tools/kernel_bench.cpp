@@ -28,8 +28,7 @@ int main(int argc, char** argv) {
                        : epi_s == "accum" ? Epilogue::accum
                                           : Epilogue::store;
   const int lanes = vec_lanes(isa);
-  auto l =
-      formats::StripLayout::make(N, K, lanes, kStripVecs, epi == Epilogue::siluup ? 2 : 1);
+  auto l = formats::StripLayout::make(N, K, lanes, kStripVecs, epi == Epilogue::siluup ? 2 : 1);
   std::mt19937 rng(1);
   std::vector<int8_t> q(size_t(N * K));
   AlignedBuffer wbuf(size_t(l.total_bytes()));  // the layer's weights are 64-byte aligned too
@@ -55,7 +54,7 @@ int main(int argc, char** argv) {
   const Kernel* k = KernelCache::instance().get(key);
   if (!k) return 1;
   GemmArgs args{a.data(),    lda,         w, l.full_strips, l.k4,  as.data(), sc.data(),
-                    comp.data(), rows.data(), 0, rw.data(),     M / mr};
+                comp.data(), rows.data(), 0, rw.data(),     M / mr};
   auto fn = reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()));
   const int64_t rows_done = M > mr ? M / mr * mr : M;
   const double ops =

@@ -13,6 +13,9 @@ cmake -S . -B build -DKT_JIT_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$JOBS"
 (cd build && ctest --output-on-failure)
 
+echo "== AArch64: cross build, the C++ suite under qemu-aarch64 -cpu max and -cpu cortex-a72"
+JOBS="$JOBS" bash tests/emu/run_aarch64.sh build-aarch64
+
 echo "== Python package"
 "$PYTHON" -m pip install --no-build-isolation -v .
 

@@ -1,8 +1,12 @@
 #include "jit/cpu/cpu.hpp"
 
+#if defined(__x86_64__)
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 
 #include <cerrno>
 #include <cstdio>
@@ -14,6 +18,7 @@
 namespace ktjit {
 namespace {
 
+#if defined(__x86_64__)
 struct Regs {
   uint32_t a = 0, b = 0, c = 0, d = 0;
 };
@@ -36,6 +41,7 @@ bool bit(uint32_t v, int i) {
 }
 
 // Linux asks processes to request AMX tile-data state before using it (since 5.16).
+constexpr long kArchGetXcompPerm = 0x1022;
 constexpr long kArchReqXcompPerm = 0x1023;
 constexpr long kXfeatureXtiledata = 18;
 
@@ -65,50 +71,71 @@ CpuFeatures probe() {
     f.brand = s == std::string::npos ? "" : f.brand.substr(s);
   }
 
+  // The raw facts, then a pure function of them (tests inject facts:
+  // tests/cpp/test_amx_probe.cpp). Tile data permission is requested only when CPUID and XCR0 both
+  // report AMX, and counts only when ARCH_GET_XCOMP_PERM then lists XTILEDATA.
+  X86CpuidFacts x;
+  x.max_leaf = max_leaf;
   if (max_leaf >= 1) {
     Regs r1 = cpuid(1);
-    uint32_t base_family = (r1.a >> 8) & 0xf, base_model = (r1.a >> 4) & 0xf;
-    f.family = base_family == 0xf ? base_family + ((r1.a >> 20) & 0xff) : base_family;
-    f.model = (base_family == 0x6 || base_family == 0xf) ? (((r1.a >> 16) & 0xf) << 4) | base_model
-                                                         : base_model;
-    f.sse42 = bit(r1.c, 20);
-    f.fma = bit(r1.c, 12);
-    f.osxsave = bit(r1.c, 27);
-    f.avx = bit(r1.c, 28);
-    f.f16c = bit(r1.c, 29);
+    x.l1_eax = r1.a;
+    x.l1_ecx = r1.c;
   }
   if (max_leaf >= 7) {
     Regs r7 = cpuid(7, 0);
-    f.avx2 = bit(r7.b, 5);
-    f.avx512f = bit(r7.b, 16);
-    f.avx512dq = bit(r7.b, 17);
-    f.avx512bw = bit(r7.b, 30);
-    f.avx512vl = bit(r7.b, 31);
-    f.avx512_vbmi = bit(r7.c, 1);
-    f.avx512_vnni = bit(r7.c, 11);
-    f.amx_bf16 = bit(r7.d, 22);
-    f.amx_tile = bit(r7.d, 24);
-    f.amx_int8 = bit(r7.d, 25);
-    if (r7.a >= 1) {
-      Regs r71 = cpuid(7, 1);
-      f.avx512_bf16 = bit(r71.a, 5);
-    }
+    x.l7_eax = r7.a;
+    x.l7_ebx = r7.b;
+    x.l7_ecx = r7.c;
+    x.l7_edx = r7.d;
+    if (r7.a >= 1) x.l71_eax = cpuid(7, 1).a;
   }
-  if (f.osxsave) {
-    f.xcr0 = xgetbv0();
-    f.os_avx = (f.xcr0 & 0x6) == 0x6;
-    f.os_avx512 = f.os_avx && (f.xcr0 & 0xe0) == 0xe0;
-    f.os_amx = (f.xcr0 & 0x60000) == 0x60000;
+  if (bit(x.l1_ecx, 27)) {  // OSXSAVE: XGETBV is valid
+    x.xcr0_valid = true;
+    x.xcr0 = xgetbv0();
   }
-  if (f.amx_tile && f.os_amx) {
-    long rc = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata);
-    f.amx_permission = rc == 0;
-    if (rc != 0) f.amx_permission_error = std::strerror(errno);
-  } else {
-    f.amx_permission_error = "not requested (no AMX in CPUID or XCR0)";
+  AmxPermission perm;
+  if (amx_permission_needed(x)) {
+    perm.requested = true;
+    perm.rc = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata);
+    perm.err = perm.rc != 0 ? errno : 0;
+    unsigned long mask = 0;
+    if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &mask) == 0) perm.granted_mask = mask;
   }
+  CpuFeatures d = x86_features_from(x, perm);
+  d.vendor = f.vendor;
+  d.brand = f.brand;
+  return d;
+}
+#elif defined(__aarch64__)
+// Linux's AArch64 hwcaps (asm/hwcap.h), spelled out so the probe builds against any libc headers.
+constexpr uint64_t kHwcapAsimd = 1ull << 1;
+constexpr uint64_t kHwcapAsimddp = 1ull << 20;
+constexpr uint64_t kHwcap2Bf16 = 1ull << 14;
+
+CpuFeatures probe() {
+  CpuFeatures f;
+  f.aarch64 = true;
+  f.vendor = "AArch64";
+  f.hwcap = getauxval(AT_HWCAP);
+  f.hwcap2 = getauxval(AT_HWCAP2);
+  f.asimd = (f.hwcap & kHwcapAsimd) != 0;
+  f.asimd_dp = (f.hwcap & kHwcapAsimddp) != 0;
+  f.arm_bf16 = (f.hwcap2 & kHwcap2Bf16) != 0;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "AArch64 (HWCAP 0x%llx, HWCAP2 0x%llx)",
+                (unsigned long long)f.hwcap, (unsigned long long)f.hwcap2);
+  f.brand = buf;
+  f.amx_permission_error = "not requested (not an x86-64 CPU)";
   return f;
 }
+#else
+CpuFeatures probe() {
+  CpuFeatures f;
+  f.vendor = "unknown";
+  f.amx_permission_error = "not requested (not an x86-64 CPU)";
+  return f;
+}
+#endif
 
 IsaLevel detect(const CpuFeatures& f) {
   for (int l = kNumIsaLevels - 1; l > 0; --l) {
@@ -119,6 +146,62 @@ IsaLevel detect(const CpuFeatures& f) {
 
 }  // namespace
 
+bool amx_permission_needed(const X86CpuidFacts& x) {
+  const bool amx_tile = x.max_leaf >= 7 && ((x.l7_edx >> 24) & 1u);
+  return amx_tile && x.xcr0_valid && (x.xcr0 & 0x60000) == 0x60000;
+}
+
+CpuFeatures x86_features_from(const X86CpuidFacts& x, const AmxPermission& perm) {
+  auto bit = [](uint32_t v, int i) { return ((v >> i) & 1u) != 0; };
+  CpuFeatures f;
+  if (x.max_leaf >= 1) {
+    const uint32_t a = x.l1_eax, base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
+    f.family = base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family;
+    f.model = (base_family == 0x6 || base_family == 0xf) ? (((a >> 16) & 0xf) << 4) | base_model
+                                                         : base_model;
+    f.sse42 = bit(x.l1_ecx, 20);
+    f.fma = bit(x.l1_ecx, 12);
+    f.osxsave = bit(x.l1_ecx, 27);
+    f.avx = bit(x.l1_ecx, 28);
+    f.f16c = bit(x.l1_ecx, 29);
+  }
+  if (x.max_leaf >= 7) {
+    f.avx2 = bit(x.l7_ebx, 5);
+    f.avx512f = bit(x.l7_ebx, 16);
+    f.avx512dq = bit(x.l7_ebx, 17);
+    f.avx512bw = bit(x.l7_ebx, 30);
+    f.avx512vl = bit(x.l7_ebx, 31);
+    f.avx512_vbmi = bit(x.l7_ecx, 1);
+    f.avx512_vnni = bit(x.l7_ecx, 11);
+    f.amx_bf16 = bit(x.l7_edx, 22);
+    f.amx_tile = bit(x.l7_edx, 24);
+    f.amx_int8 = bit(x.l7_edx, 25);
+    if (x.l7_eax >= 1) f.avx512_bf16 = bit(x.l71_eax, 5);
+  }
+  if (f.osxsave && x.xcr0_valid) {
+    f.xcr0 = x.xcr0;
+    f.os_avx = (f.xcr0 & 0x6) == 0x6;
+    f.os_avx512 = f.os_avx && (f.xcr0 & 0xe0) == 0xe0;
+    f.os_amx = (f.xcr0 & 0x60000) == 0x60000;
+  }
+  if (!amx_permission_needed(x)) {
+    f.amx_permission_error = "not requested (no AMX in CPUID or XCR0)";
+  } else if (!perm.requested) {
+    f.amx_permission_error = "not requested";
+  } else if (perm.rc != 0) {
+    f.amx_permission_error = std::string("ARCH_REQ_XCOMP_PERM refused: ") + std::strerror(perm.err);
+  } else if (!((perm.granted_mask >> 18) & 1u)) {
+    f.amx_permission_error = "ARCH_GET_XCOMP_PERM does not list XTILEDATA";
+  } else {
+    f.amx_permission = true;
+  }
+  return f;
+}
+
+IsaLevel best_isa(const CpuFeatures& f) {
+  return detect(f);
+}
+
 const char* isa_name(IsaLevel level) {
   switch (level) {
     case IsaLevel::ref: return "ref";
@@ -127,6 +210,9 @@ const char* isa_name(IsaLevel level) {
     case IsaLevel::avx512_vnni: return "avx512_vnni";
     case IsaLevel::avx512_bf16: return "avx512_bf16";
     case IsaLevel::amx: return "amx";
+    case IsaLevel::neon: return "neon";
+    case IsaLevel::neon_dotprod: return "neon_dotprod";
+    case IsaLevel::neon_bf16: return "neon_bf16";
   }
   return "?";
 }
@@ -139,6 +225,9 @@ const char* isa_tag(IsaLevel level) {
     case IsaLevel::avx512_vnni: return "avx512vnni";
     case IsaLevel::avx512_bf16: return "avx512bf16";
     case IsaLevel::amx: return "amx";
+    case IsaLevel::neon: return "neon";
+    case IsaLevel::neon_dotprod: return "neondot";
+    case IsaLevel::neon_bf16: return "neonbf16";
   }
   return "?";
 }
@@ -149,7 +238,8 @@ IsaLevel parse_isa(const std::string& name) {
   }
   throw std::invalid_argument(
       "unknown ISA level '" + name +
-      "'; expected one of: amx, avx512_bf16, avx512_vnni, avx512, avx2, ref");
+      "'; expected one of: amx, avx512_bf16, avx512_vnni, avx512, avx2, neon_bf16, "
+      "neon_dotprod, neon, ref");
 }
 
 std::vector<std::string> missing_for(IsaLevel level, const CpuFeatures& f) {
@@ -158,6 +248,20 @@ std::vector<std::string> missing_for(IsaLevel level, const CpuFeatures& f) {
     if (!have) m.emplace_back(what);
   };
   int l = int(level);
+  if (isa_is_neon(level)) {
+    if (!f.aarch64) {
+      m.emplace_back("an AArch64 CPU (this is not one)");
+      return m;
+    }
+    need(f.asimd, "asimd (HWCAP_ASIMD)");
+    if (l >= int(IsaLevel::neon_dotprod)) need(f.asimd_dp, "asimddp (HWCAP_ASIMDDP)");
+    if (l >= int(IsaLevel::neon_bf16)) need(f.arm_bf16, "bf16 (HWCAP2_BF16)");
+    return m;
+  }
+  if (l >= int(IsaLevel::avx2) && f.aarch64) {
+    m.emplace_back("an x86-64 CPU (this is AArch64)");
+    return m;
+  }
   if (l >= int(IsaLevel::avx2)) {
     need(f.avx2, "avx2 (CPUID)");
     need(f.fma, "fma (CPUID)");
@@ -213,6 +317,7 @@ IsaLevel detected_isa() {
       debug_log("cpu: " + f.vendor + " '" + f.brand + "' family " + std::to_string(f.family) +
                 " model " + std::to_string(f.model));
       for (int i = kNumIsaLevels - 1; i > int(best); --i) {
+        if (isa_is_neon(IsaLevel(i)) != f.aarch64) continue;  // the other architecture's levels
         std::string why;
         for (auto& s : missing_for(IsaLevel(i), f)) why += (why.empty() ? "" : ", ") + s;
         debug_log(std::string("isa ") + isa_name(IsaLevel(i)) + " refused: missing " + why);
@@ -240,7 +345,7 @@ IsaLevel selected_isa() {
         error = std::string("KT_JIT_ISA: ") + e.what();
         return;
       }
-      if (int(want) > int(best)) {
+      if (int(want) > int(best) || !level_usable(want, cpu_features())) {
         std::string why;
         for (auto& s : missing_for(want, cpu_features())) why += (why.empty() ? "" : ", ") + s;
         error = std::string("KT_JIT_ISA=") + cap +

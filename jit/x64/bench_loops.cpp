@@ -46,7 +46,9 @@ PeakOp checked_op(const KernelKey& key) {
   return op;
 }
 
-bool is_zmm(IsaLevel isa) { return int(isa) >= int(IsaLevel::avx512); }
+bool is_zmm(IsaLevel isa) {
+  return int(isa) >= int(IsaLevel::avx512);
+}
 
 // Independent accumulator chains per block.
 int chains(PeakOp op, IsaLevel isa) {
@@ -119,9 +121,18 @@ class PeakLoopGenerator : public JitGenerator {
     uint32_t a_bits = 0, b_bits = 0;
     switch (op_) {
       case PeakOp::vpdpbusd:
-      case PeakOp::maddubsw: a_bits = 0x01020304u; b_bits = 0x01010101u; break;
-      case PeakOp::fma_f32: a_bits = f32_bits(1.0f); b_bits = f32_bits(1.0f); break;
-      case PeakOp::dpbf16: a_bits = 0x3f803f80u; b_bits = 0x3f803f80u; break;
+      case PeakOp::maddubsw:
+        a_bits = 0x01020304u;
+        b_bits = 0x01010101u;
+        break;
+      case PeakOp::fma_f32:
+        a_bits = f32_bits(1.0f);
+        b_bits = f32_bits(1.0f);
+        break;
+      case PeakOp::dpbf16:
+        a_bits = 0x3f803f80u;
+        b_bits = 0x3f803f80u;
+        break;
     }
     emit_const32(lconst_a, a_bits);
     emit_const32(lconst_b, b_bits);
@@ -180,8 +191,8 @@ double peak_ops_per_iteration(const KernelKey& key) {
   const int vbytes = is_zmm(key.isa) ? 64 : 32;
   double per_instr = 0;  // ops (2 per multiply-accumulate) per chain step
   switch (op) {
-    case PeakOp::vpdpbusd: per_instr = 2.0 * vbytes; break;      // one MAC per byte
-    case PeakOp::maddubsw: per_instr = 2.0 * vbytes; break;      // same work in 3 instructions
+    case PeakOp::vpdpbusd: per_instr = 2.0 * vbytes; break;       // one MAC per byte
+    case PeakOp::maddubsw: per_instr = 2.0 * vbytes; break;       // same work in 3 instructions
     case PeakOp::fma_f32: per_instr = 2.0 * (vbytes / 4); break;  // one MAC per fp32 lane
     case PeakOp::dpbf16: per_instr = 2.0 * (vbytes / 2); break;   // one MAC per bf16 element
   }

@@ -5,6 +5,10 @@
 //   avx512:       |a| * (w with a's sign) via vpmaddubsw, exact because |a|,|w| <= 127,
 //                 then vpmaddwd with ones to int32
 //   avx2:         the same with vpsignb on ymm.
+// qgroup (k-group scaled codes, see gemm.hpp) runs the same strip / M-block / K nest with an
+// outer group loop: int32 group accumulators beside the fp32 ones, the group's scales (and biases)
+// read from the weight stream right after its codes, and a different dot product per level
+// (signed activations x unsigned code + 128 with vpdpbusd; |code| x a·sign(code) with vpmaddubsw).
 #include "jit/x64/gemm.hpp"
 
 #include <stdexcept>
@@ -30,10 +34,25 @@ class GemmGenerator : public JitGenerator {
         int4_(key.format == WeightFormat::int4),
         bf16_(key.format == WeightFormat::bf16),
         fp8_(key.format == WeightFormat::fp8),
-        prefill_(key.kind == KernelKind::gemm_prefill) {
+        prefill_(key.kind == KernelKind::gemm_prefill),
+        qg_(key.format == WeightFormat::qgroup),
+        qg4_(qg_ && (key.variant & kQGroupNibbles)),
+        qgb_(qg_ && (key.variant & kQGroupBias)),
+        gsum_(qg_ && qgroup_needs_gsum(key.isa, qgb_)),
+        nib_(int4_ || qg4_),
+        mx4_(key.format == WeightFormat::mxfp4),
+        mx8_(key.format == WeightFormat::mxfp8),
+        mx_(mx4_ || mx8_) {
     if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
-        key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8)
-      throw std::invalid_argument("gemm: weight format must be int8, int4, bf16 or fp8");
+        key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8 && !qg_ && !mx_)
+      throw std::invalid_argument(
+          "gemm: weight format must be int8, int4, bf16, fp8, qgroup, mxfp4 or mxfp8");
+    if (mx_ && ((key.variant & ~(kSwigluClamp | kSwigluAlpha)) ||
+                (key.variant && key.epilogue != Epilogue::siluup)))
+      throw std::invalid_argument("gemm: mx variant bits are siluup SwiGLU options: " +
+                                  key.describe());
+    if (qg_ && (key.variant & ~(kQGroupNibbles | kQGroupBias)))
+      throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
       throw std::invalid_argument("gemm: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));
@@ -78,11 +97,54 @@ class GemmGenerator : public JitGenerator {
   // Weight bytes per K step: 4-bit strips hold two steps per strip_k4_bytes() block.
   // bf16 strips hold one K element per step, 2 bytes per column.
   int step_bytes() const {
-    return fp8_    ? strip_cols()
-           : bf16_ ? strip_cols() * 2
-           : int4_ ? strip_k4_bytes() / 2
-                   : strip_k4_bytes();
+    return fp8_ || mx8_ ? strip_cols()
+           : mx4_       ? strip_cols() / 2
+           : bf16_      ? strip_cols() * 2
+           : nib_       ? strip_k4_bytes() / 2
+                        : strip_k4_bytes();
   }
+  // qgroup: bytes after each group's codes (fp32 scales, then fp32 biases, one per column).
+  int qg_extra_bytes() const { return strip_cols() * 4 * (qgb_ ? 2 : 1); }
+  // Bytes of one strip into `r` (the next strip starts there).
+  void strip_bytes_to(const Reg64& r) {
+    if (mx_) {  // per group: one exponent byte per column, then the group's weights
+      mov(r, arg(offsetof(GemmArgs, g_steps)));
+      imul(r, r, step_bytes());
+      add(r, strip_cols());
+      imul(r, arg(offsetof(GemmArgs, g_per_strip)));
+      return;
+    }
+    if (qg_) {
+      mov(r, arg(offsetof(GemmArgs, g_steps)));
+      imul(r, r, step_bytes());
+      add(r, qg_extra_bytes());
+      imul(r, arg(offsetof(GemmArgs, g_per_strip)));
+    } else {
+      mov(r, arg(offsetof(GemmArgs, k4)));
+      imul(r, r, step_bytes());
+    }
+  }
+  // qgroup registers: the row block's a_gsum entry of the current group, and groups left.
+  const Reg64 reg_gsum = r12;  // (reg_wscale: qgroup scales live in the weight stream)
+  const Reg64 reg_gc = r13;    // (reg_comp: no per-column compensation)
+  // qgroup vector registers: fp32 accumulators are acc(m, v) (the epilogues' inputs), the int32
+  // group accumulators follow them; scratch sits at the top of the register file.
+  Xmm qacc(int m, int v) const { return vreg(mr_ * nv_ + m * nv_ + v); }
+  //   VNNI (zmm 24..31): 4 code vectors, broadcast, LUT, 0x0F mask, temporary.
+  //   avx512 (zmm 16..27): 4 |code| vectors, broadcast, negated broadcast, 2 temporaries, LUT,
+  //     0x0F mask, zero, 16-bit ones; code signs in k1..k4.
+  //   avx2 (ymm 8..15): broadcast, ones, LUT, 0x0F mask, 2 x (codes, signed activations).
+  Xmm qw(int v) const {
+    return vnni_ ? vreg(24 + v) : zmm_isa() ? vreg(16 + v) : vreg(12 + (v & 1));
+  }
+  Xmm qs(int v) const { return vreg(14 + (v & 1)); }  // avx2: a·sign(code)
+  Xmm qbcast() const { return vnni_ ? vreg(28) : zmm_isa() ? vreg(20) : vreg(8); }
+  Xmm qneg() const { return vreg(21); }
+  Xmm qtmp(int i) const { return vnni_ ? vreg(31) : zmm_isa() ? vreg(22 + (i & 1)) : qs(i); }
+  Xmm qlut() const { return vnni_ ? vreg(29) : zmm_isa() ? vreg(24) : vreg(10); }
+  Xmm qmask() const { return vnni_ ? vreg(30) : zmm_isa() ? vreg(25) : vreg(11); }
+  Xmm qzero() const { return vreg(26); }
+  Xmm qones() const { return zmm_isa() ? vreg(27) : vreg(9); }
   // fp8: the group scale table walks with rax through the K loop; rdx counts a group's steps.
   const Reg64 reg_gs = rax;
   const Reg64 reg_gk = rdx;
@@ -106,7 +168,7 @@ class GemmGenerator : public JitGenerator {
 
   // ---- loop nest --------------------------------------------------------------------------
   void generate() {
-    preamble(16);
+    preamble(mx_ ? kMxScaleStack + kStripVecs * 64 : 16);
     load_params();
     Label strip_loop, done;
     mov(reg_tmp, arg(offsetof(GemmArgs, n_strips)));
@@ -125,8 +187,7 @@ class GemmGenerator : public JitGenerator {
         // Blocks 0-7 each prefetch an eighth of the next strip into L2 (one line per two K steps,
         // below DRAM speed), so the next strip's DRAM stream overlaps this strip's compute; later
         // blocks only re-read this strip from L2.
-        mov(reg_pf, arg(offsetof(GemmArgs, k4)));
-        imul(reg_pf, reg_pf, step_bytes());
+        strip_bytes_to(reg_pf);
         add(reg_pf, reg_strip);
         L(mb_loop);
         {
@@ -145,15 +206,16 @@ class GemmGenerator : public JitGenerator {
         }
         L(mb_done);
         // Leave reg_w at the next strip whether or not any block ran.
-        mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
-        imul(reg_tmp, reg_tmp, step_bytes());
+        strip_bytes_to(reg_tmp);
         lea(reg_w, ptr[reg_strip + reg_tmp]);
       } else {
         xor_(reg_row.cvt32(), reg_row.cvt32());
         compute_block(false);  // leaves reg_w at the next strip
       }
-      add(reg_wscale, strip_cols() * 4);
-      add(reg_comp, strip_cols() * 4);
+      if (!qg_) {
+        add(reg_wscale, strip_cols() * 4);
+        add(reg_comp, strip_cols() * 4);
+      }
       add(reg_col, out_cols() * 4);
       if (fp8_) {
         mov(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));
@@ -175,7 +237,8 @@ class GemmGenerator : public JitGenerator {
     mov(reg_comp, arg(offsetof(GemmArgs, w_comp)));
     mov(reg_col, arg(offsetof(GemmArgs, out_col)));
     shl(reg_col, 2);
-    if (!vnni_ && !bf16_ && !fp8_) vmovups(ones16(), cpool(c_ones16_));
+    if (qg_) return;  // qgroup constants: per block (the epilogues use their registers)
+    if (!vnni_ && !bf16_ && !fp8_ && !mx_) vmovups(ones16(), cpool(c_ones16_));
     if (fp8_) {
       mov(reg_tmp, arg(offsetof(GemmArgs, w_gscale)));
       mov(qword[rsp + 8], reg_tmp);  // this strip's scale table
@@ -191,6 +254,8 @@ class GemmGenerator : public JitGenerator {
       lea(reg_a3, ptr[reg_a + reg_lda * 2]);
       add(reg_a3, reg_lda);
     }
+    if (qg_) load_params_qgroup();
+    if (mx4_ && zmm_isa() && mr_ < 6) vmovups(Zmm(29), zword[rip + c_e2m1_]);  // e2m1 table
     zero_accumulators();
     k_loop(prefetch_next);
     epilogue();
@@ -244,9 +309,164 @@ class GemmGenerator : public JitGenerator {
     L(done);
   }
 
+  void load_params_qgroup() {
+    if (qg4_) {
+      mov(reg_tmp, arg(offsetof(GemmArgs, lut)));
+      if (zmm_isa())
+        vbroadcasti32x4(Zmm(qlut().getIdx()),
+                        ptr[reg_tmp]);  // the 16-entry table in every 128-bit lane
+      else
+        vbroadcasti128(Ymm(qlut().getIdx()), ptr[reg_tmp]);
+      vmovups(qmask(), cpool(c_0f_));
+    }
+    if (!vnni_) vmovups(qones(), cpool(c_ones16_));
+    if (!vnni_ && zmm_isa()) vpxord(qzero(), qzero(), qzero());
+  }
+
+  // qgroup: for each group, zero the int32 accumulators, run its K steps, then fold them into the
+  // fp32 accumulators with the group's scales (and biases) that follow its codes in the stream.
+  void k_loop_qgroup(bool prefetch_next) {
+    Label group, inner, done;
+    mov(reg_gc, arg(offsetof(GemmArgs, g_per_strip)));
+    if (gsum_) {
+      mov(reg_gsum, arg(offsetof(GemmArgs, a_gsum)));
+      lea(reg_gsum, ptr[reg_gsum + reg_row * 4]);
+    }
+    test(reg_gc, reg_gc);
+    jle(done, T_NEAR);
+    L(group);
+    {
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) vpxord_any(qacc(m, v));
+      // g_steps is a multiple of 4 (G a multiple of 16): whole unrolled iterations, nibble
+      // pairs never split.
+      mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
+      L(inner);
+      for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
+      advance(kUnroll, prefetch_next);
+      sub(reg_k, kUnroll);
+      jg(inner, T_NEAR);
+      qgroup_group_end(prefetch_next);
+      dec(reg_gc);
+      jnz(group, T_NEAR);
+    }
+    L(done);
+  }
+
+  void vpxord_any(const Xmm& x) {
+    if (zmm_isa())
+      vpxord(x, x, x);
+    else
+      vpxor(x, x, x);
+  }
+
+  // t = fma(scale_g, float(acc_g), t); t = fma(bias_g, float(s_g), t); VNNI: acc_g -= 128 * s_g
+  // first (the codes' +128).
+  void qgroup_group_end(bool prefetch_next) {
+    const Xmm gs = qtmp(0);                  // s_g of the row, broadcast
+    const Xmm gc = vnni_ ? qw(0) : qtmp(1);  // 128 * s_g
+    for (int m = 0; m < mr_; ++m) {
+      if (gsum_) vpbroadcastd(gs, dword[reg_gsum + m * 4]);
+      if (vnni_) vpslld(gc, gs, 7);
+      if (qgb_) vcvtdq2ps(gs, gs);
+      for (int v = 0; v < nv_; ++v) {
+        if (vnni_) vpsubd(qacc(m, v), qacc(m, v), gc);
+        vcvtdq2ps(qacc(m, v), qacc(m, v));
+        vfmadd231ps(acc(m, v), qacc(m, v), vmem(reg_w + v * vec_bytes()));
+        if (qgb_) vfmadd231ps(acc(m, v), gs, vmem(reg_w + (nv_ + v) * vec_bytes()));
+      }
+    }
+    add(reg_w, qg_extra_bytes());
+    if (gsum_) add(reg_gsum, arg(offsetof(GemmArgs, a_gsum_ld)));
+    if (prefetch_next) {  // the next strip's scale lines, one per group and block
+      prefetcht1(ptr[reg_pf]);
+      add(reg_pf, 64);
+    }
+  }
+
+  // The codes of vector v at K step u into `dst` as the level multiplies them: bytes as stored
+  // (VNNI: code + 128), or the nibble looked up in the lanes' 16-entry table.
+  void qgroup_codes(const Xmm& dst, int v, int u) {
+    const Address mem = weight_mem(v, u);
+    if (!qg4_) {
+      if (zmm_isa())
+        vmovdqu8(dst, mem);
+      else
+        vmovdqu(dst, mem);
+      return;
+    }
+    if (zmm_isa()) {
+      if (u % 2 == 0) {
+        vpandd(dst, qmask(), mem);
+      } else {
+        vpsrlw(dst, mem, 4);
+        vpandd(dst, dst, qmask());
+      }
+    } else {
+      if (u % 2 == 0) {
+        vpand(dst, qmask(), mem);
+      } else {
+        vmovdqu(dst, mem);
+        vpsrlw(dst, dst, 4);
+        vpand(dst, dst, qmask());
+      }
+    }
+    vpshufb(dst, qlut(), dst);
+  }
+
+  void microkernel_qgroup(int u) {
+    if (vnni_) {  // acc += (code + 128) * a over 4 k (unsigned x signed)
+      for (int v = 0; v < nv_; ++v) qgroup_codes(qw(v), v, u);
+      for (int m = 0; m < mr_; ++m) {
+        vpbroadcastd(qbcast(), dword[a_row(m) + 4 * u]);
+        for (int v = 0; v < nv_; ++v) vpdpbusd(qacc(m, v), qw(v), qbcast());
+      }
+      return;
+    }
+    if (zmm_isa()) {  // |code| x (a negated where code < 0): opmask k(1+v) = code < 0
+      for (int v = 0; v < nv_; ++v) {
+        qgroup_codes(qw(v), v, u);
+        vpmovb2m(Opmask(1 + v), qw(v));
+        vpabsb(qw(v), qw(v));  // -128 -> 0x80, which is 128 as the unsigned operand
+      }
+      for (int m = 0; m < mr_; ++m) {
+        vpbroadcastd(qbcast(), dword[a_row(m) + 4 * u]);
+        vpsubb(qneg(), qzero(), qbcast());
+        for (int v = 0; v < nv_; ++v) {
+          const Xmm t = qtmp(v);
+          vpblendmb(t | Opmask(1 + v), qbcast(), qneg());
+          vpmaddubsw(t, qw(v), t);
+          vpmaddwd(t, t, qones());
+          vpaddd(qacc(m, v), qacc(m, v), t);
+        }
+      }
+      return;
+    }
+    for (int m = 0; m < mr_; ++m) {  // avx2: vpsignb applies the code's sign to a
+      vpbroadcastd(qbcast(), dword[a_row(m) + 4 * u]);
+      for (int v = 0; v < nv_; ++v) {
+        const Xmm w = qw(v), sa = qs(v);
+        qgroup_codes(w, v, u);
+        vpsignb(sa, qbcast(), w);
+        vpabsb(w, w);
+        vpmaddubsw(w, w, sa);
+        vpmaddwd(w, w, qones());
+        vpaddd(qacc(m, v), qacc(m, v), w);
+      }
+    }
+  }
+
   void k_loop(bool prefetch_next) {
+    if (qg_) {
+      k_loop_qgroup(prefetch_next);
+      return;
+    }
     if (fp8_) {
       k_loop_fp8(prefetch_next);
+      return;
+    }
+    if (mx_) {
+      k_loop_mx(prefetch_next);
       return;
     }
     Label loop, tail, tail_loop, done;
@@ -292,6 +512,14 @@ class GemmGenerator : public JitGenerator {
     }
     if (fp8_) {
       microkernel_fp8(u);
+      return;
+    }
+    if (mx_) {
+      microkernel_mx(u);
+      return;
+    }
+    if (qg_) {
+      microkernel_qgroup(u);
       return;
     }
     const bool preload = vnni_ && (mr_ > 1 || int4_);
@@ -360,9 +588,109 @@ class GemmGenerator : public JitGenerator {
     }
   }
 
+  // mx: groups of g_steps (32) K steps; each group starts with the strip's exponent bytes (one
+  // per column), widened to fp32 scales (bits e << 23) on the stack at kMxScaleStack, then its
+  // weights, 8 steps per iteration (one dword of nibbles per column for mxfp4). K is a multiple
+  // of 32 (the loader refuses anything else), so there is no tail.
+  static constexpr int kMxUnroll = 8;
+  static constexpr int kMxScaleStack = 16;  // [rsp]: strips left; [rsp + 16]: the scales
+  Address mx_scale(int v) const { return vmem(rsp + kMxScaleStack + v * vec_bytes()); }
+  void mx_group_scales() {
+    for (int v = 0; v < nv_; ++v) {
+      const Xmm t = zmm_isa() ? Xmm(Zmm(30)) : Xmm(Ymm(15));  // decode temporaries: free here
+      if (zmm_isa())
+        vpmovzxbd(t, xword[reg_w + v * lanes_]);
+      else
+        vpmovzxbd(t, qword[reg_w + v * lanes_]);
+      vpslld(t, t, 23);
+      vmovups(mx_scale(v), t);
+    }
+    add(reg_w, strip_cols());
+  }
+  void k_loop_mx(bool prefetch_next) {
+    Label group, inner, done;
+    mov(reg_k, arg(offsetof(GemmArgs, k4)));
+    test(reg_k, reg_k);
+    jle(done, T_NEAR);
+    L(group);
+    {
+      mx_group_scales();
+      mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
+      L(inner);
+      for (int u = 0; u < kMxUnroll; ++u) microkernel(u, prefetch_next);
+      advance(kMxUnroll, prefetch_next);
+      sub(reg_gk, kMxUnroll);
+      jg(inner, T_NEAR);
+      sub(reg_k, arg(offsetof(GemmArgs, g_steps)));
+      jg(group, T_NEAR);
+    }
+    L(done);
+  }
+
+  // mx: K step u (0..7) of the current 8-step block. The weights of vector v decode to fp32
+  // (w' = value * scale, exact), then one FMA per row of the tile.
+  //   mxfp4: the column's dword holds 8 nibbles (step u in bits 4u..4u+3); zmm: vpermps over
+  //     the 16-entry e2m1 table reads the low 4 bits of each dword. ymm: vpermps reads 3 bits,
+  //     so it gives the magnitude and the sign (nibble bit 3) is moved to bit 31 and xor-ed in.
+  //   mxfp8: byte -> word sign-extended, << 7, & 0xbf80 keeps sign and the 7 magnitude bits
+  //     as fp16 (the e4m3 value * 2^-8, subnormals included), vcvtph2ps widens it exactly; the
+  //     2^8 is folded into the stored exponent (e + 8).
+  void microkernel_mx(int u) {
+    for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 4 * u]);
+    for (int v = 0; v < nv_; ++v) {
+      const Address scale = mx_scale(v);
+      Xmm w;
+      if (mx4_ && zmm_isa()) {
+        const Zmm idx(30), val(31);
+        const Address mem = zword[reg_w + v * vec_bytes()];
+        if (u == 0)
+          vmovdqu32(idx, mem);
+        else
+          vpsrld(idx, mem, uint8_t(4 * u));
+        // The table in a register when the tile leaves one free, else from memory (L1).
+        if (mr_ < 6)
+          vpermps(val, idx, Zmm(29));
+        else
+          vpermps(val, idx, zword[rip + c_e2m1_]);
+        w = val;
+      } else if (mx4_) {
+        const Ymm idx(8), sgn(9), val(10);
+        vmovdqu(idx, yword[reg_w + v * vec_bytes()]);
+        if (u < 7) {
+          vpslld(sgn, idx, uint8_t(28 - 4 * u));
+          vpand(sgn, sgn, cpool(c_sign_));
+        } else {
+          vpand(sgn, idx, cpool(c_sign_));
+        }
+        if (u > 0) vpsrld(idx, idx, uint8_t(4 * u));
+        vpermps(val, idx, yword[rip + c_e2m1_]);
+        vxorps(val, val, sgn);
+        w = val;
+      } else if (zmm_isa()) {
+        const Ymm t(30);
+        const Zmm val(30);
+        vpmovsxbw(t, xword[reg_w + u * step_bytes() + v * lanes_]);
+        vpsllw(t, t, 7);
+        vpandd(t, t, yword[rip + c_f16_mask_]);
+        vcvtph2ps(val, t);
+        w = val;
+      } else {
+        const Xmm t(15);
+        const Ymm val(15);
+        vpmovsxbw(t, qword[reg_w + u * step_bytes() + v * lanes_]);
+        vpsllw(t, t, 7);
+        vpand(t, t, xword[rip + c_f16_mask_]);
+        vcvtph2ps(val, t);
+        w = val;
+      }
+      vmulps(w, w, scale);
+      for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), w, row_bcast(m));
+    }
+  }
+
   // Bytes of vector v at K step u. For 4-bit weights, the byte block shared by steps 2p, 2p+1.
   Address weight_mem(int v, int u) const {
-    const int woff = int4_ ? (u / 2) * strip_k4_bytes() : u * strip_k4_bytes();
+    const int woff = nib_ ? (u / 2) * strip_k4_bytes() : u * strip_k4_bytes();
     return vmem(reg_w + woff + v * vec_bytes());
   }
 
@@ -434,9 +762,13 @@ class GemmGenerator : public JitGenerator {
     // y = (a_scale * w_scale) * float(acc)
     const Xmm s = vreg(num_vregs() - 4);
     const Xmm t = vreg(num_vregs() - 3);
-    for (int m = 0; m < mr_ && !bf16_; ++m) {  // bf16: the fp32 accumulators are the result
+    for (int m = 0; m < mr_ && !bf16_ && !mx_; ++m) {  // bf16, mx: the accumulators are y
       vbroadcastss(s, dword[reg_tmp + m * 4]);
       for (int v = 0; v < nv_; ++v) {
+        if (qg_) {  // y = a_scale * t
+          vmulps(acc(m, v), s, acc(m, v));
+          continue;
+        }
         if (fp8_) {  // fp32 accumulators, scaled like the integer formats
           vmulps(t, s, vmem(reg_wscale + v * vec_bytes()));
           vmulps(acc(m, v), t, acc(m, v));
@@ -495,7 +827,25 @@ class GemmGenerator : public JitGenerator {
       out_row_ptr(reg_tmp, m);
       for (int v = 0; v < half; ++v) {
         const Xmm g = acc(m, v), u = acc(m, v + half);
-        vxorps(x, g, cpool(c_sign_));
+        const uint8_t sw = mx_ ? key_.variant : 0;  // SwiGLU variants (swiglu_ref)
+        // Clamps with one register: L, then -L, then L again.
+        if (sw & kSwigluClamp) {
+          const Xmm lim = vreg(num_vregs() - 1);
+          vbroadcastss(lim, dword[reg_args + offsetof(GemmArgs, swiglu_limit)]);
+          vminps(g, g, lim);
+          vxorps(lim, lim, cpool(c_sign_));
+          if (sw & kSwigluAlpha) vmaxps(g, g, lim);
+          vmaxps(u, u, lim);
+          vxorps(lim, lim, cpool(c_sign_));
+          vminps(u, u, lim);
+        }
+        if (sw & kSwigluAlpha) {  // x = -(alpha * g)
+          vbroadcastss(x, dword[reg_args + offsetof(GemmArgs, swiglu_alpha)]);
+          vmulps(x, x, g);
+          vxorps(x, x, cpool(c_sign_));
+        } else {
+          vxorps(x, g, cpool(c_sign_));
+        }
         vminps(x, x, cpool(c_max_));
         vmaxps(x, x, cpool(c_min_));
         vmulps(x, x, cpool(c_log2e_));
@@ -512,6 +862,7 @@ class GemmGenerator : public JitGenerator {
         vmulps(p, p, r);
         vaddps(p, p, cpool(c_one_));
         vdivps(g, g, p);
+        if (sw & kSwigluAlpha) vaddps(u, u, cpool(c_one_));
         vmulps(g, g, u);
         vmovups(vmem(reg_tmp + v * vec_bytes()), g);
       }
@@ -527,6 +878,7 @@ class GemmGenerator : public JitGenerator {
     emit_const32(c_fp8_sub_, f32_bits(0.015625f));
     emit_const32(c_zero_, 0u);
     emit_const32(c_f0_, 0xf0f0f0f0u);
+    emit_const32(c_0f_, 0x0f0f0f0fu);
     emit_const32(c_sign_, 0x80000000u);
     emit_const32(c_max_, f32_bits(88.0f));
     emit_const32(c_min_, f32_bits(-87.0f));
@@ -536,11 +888,17 @@ class GemmGenerator : public JitGenerator {
     for (int i = 0; i < 6; ++i) emit_const32(c_poly_[i], f32_bits(poly[i]));
     emit_const32(c_bias_, 127u);
     emit_const32(c_one_, f32_bits(1.0f));
+    emit_const32(c_f16_mask_, 0xbf80bf80u);  // fp16 sign + e4m3 magnitude bits, per word
+    L(c_e2m1_);  // the 16 e2m1 values; the first 8 (magnitudes) are AVX2's 8-entry table
+    for (int i = 0; i < 16; ++i) dd(f32_bits(mx_e2m1(uint8_t(i))));
   }
 
   const KernelKey key_;
   const int lanes_, nv_, mr_;
   const bool vnni_, int4_, bf16_, fp8_, prefill_;
+  const bool qg_, qg4_, qgb_, gsum_, nib_;
+  const bool mx4_, mx8_, mx_;
+  Label c_0f_, c_e2m1_, c_f16_mask_;
   Label c_ones16_, c_fp8_bias_, c_fp8_exp_, c_fp8_step_, c_fp8_sub_, c_zero_, c_f0_, c_sign_,
       c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
 };

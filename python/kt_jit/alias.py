@@ -126,8 +126,10 @@ def install(target: Optional[str] = None, force: bool = False) -> str:
     with open(os.path.join(pkg, "__init__.py"), "w", encoding="utf-8") as f:
         f.write(alias_source())
     with open(os.path.join(pkg, MARKER), "w", encoding="utf-8") as f:
-        f.write("kt_kernel alias written by `python -m kt_jit.alias install`; "
-                "remove with `python -m kt_jit.alias uninstall`\n")
+        f.write(
+            "kt_kernel alias written by `python -m kt_jit.alias install`; "
+            "remove with `python -m kt_jit.alias uninstall`\n"
+        )
     return pkg
 
 
@@ -152,8 +154,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--target", help="directory to write kt_kernel/ into (default: site-packages)")
     g.add_argument("--user", action="store_true", help="use the user site-packages")
-    p.add_argument("--force", action="store_true",
-                   help="install even though another kt_kernel is importable (not recommended)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="install even though another kt_kernel is importable (not recommended)",
+    )
     a = p.parse_args(argv)
     target = a.target or default_target(a.user)
     try:

@@ -117,12 +117,34 @@ def _self_test(isa: str, method: str = "AMXINT8") -> str:
     from . import _core
 
     E, K, H, I = 8, 2, 128, 80  # I = 80: a tail strip at every vector width
+    mx = method in ("MXFP4", "MXFP8")
+    if mx:  # MX: multiples of 32; H = 160 leaves down a tail strip, and L / alpha are on
+        H, I = 160, 96
     g = torch.Generator().manual_seed(1234)
     gate = torch.randn(E, I, H, generator=g) * 0.05
     up = torch.randn(E, I, H, generator=g) * 0.05
     down = torch.randn(E, H, I, generator=g) * 0.05
-    layer = _core.MoELayer(E, K, H, I, method, isa)
-    if method.startswith("FP8"):  # e4m3 weights with block (FP8) or row (FP8_PERCHANNEL) scales
+    kw = {"swiglu_limit": 0.5, "swiglu_alpha": 1.702} if mx else {}
+    qg = method in ("LLAMAFILE", "RAWINT4", "GPTQ_INT4")
+    if qg:  # k-group integer layers: nibbles through a table (INT4), or bytes with a bias term
+        nib = method != "LLAMAFILE"
+        lut = [i - 8 for i in range(16)] if nib else []
+        kw = dict(gu_group=16, down_group=16, gu_bias=not nib, down_bias=not nib)
+        kw.update(gu_lut=lut, down_lut=lut)
+    layer = _core.MoELayer(E, K, H, I, method, isa, **kw)
+    if mx:  # random e2m1 / e4m3 bytes, ue8m0 scales 2^-8 .. 2^-5
+        fp4 = method == "MXFP4"
+        shapes = ((I, H), (I, H), (H, I))
+        mats = [torch.randint(0, 256, (E, n, k // 2 if fp4 else k), generator=g) for n, k in shapes]
+        mats = [m.to(torch.uint8) for m in mats]
+        if not fp4:  # no e4m3 NaN codes
+            mats = [torch.where((m & 0x7F) == 0x7F, m ^ 1, m) for m in mats]
+        scales = [
+            torch.randint(119, 123, (E, n, k // 32), generator=g).to(torch.uint8) for n, k in shapes
+        ]
+        slots = list(range(E))
+        layer.load_experts_mx(slots, *[[t[e].data_ptr() for e in slots] for t in mats + scales])
+    elif method.startswith("FP8"):  # e4m3 weights with block (FP8) or row (FP8_PERCHANNEL) scales
         mats = [t.clamp(-448, 448).to(torch.float8_e4m3fn) for t in (gate * 20, up * 20, down * 20)]
         block = method == "FP8"
         scales = [
@@ -135,6 +157,19 @@ def _self_test(isa: str, method: str = "AMXINT8") -> str:
         ]
         slots = list(range(E))
         layer.load_experts_fp8(slots, *[[t[e].data_ptr() for e in slots] for t in mats + scales])
+    elif qg:  # random codes in the table's range (bytes: the full int8 range), scales, biases
+        lo, hi = (-8, 8) if nib else (-128, 128)
+        mats = [
+            torch.randint(lo, hi, t.shape, generator=g).to(torch.int8) for t in (gate, up, down)
+        ]
+        sc = [torch.rand(E, t.shape[1], t.shape[2] // 16, generator=g) * 0.01 for t in mats]
+        bs = [torch.randn(E, t.shape[1], t.shape[2] // 16, generator=g) * 0.01 for t in mats]
+        slots = list(range(E))
+        ptrs = []
+        for m, s_, b in zip(mats, sc, bs):
+            ptrs += [[m[e].data_ptr() for e in slots], [s_[e].data_ptr() for e in slots]]
+            ptrs.append([0] * E if nib else [b[e].data_ptr() for e in slots])
+        layer.load_experts_grouped(slots, *ptrs)
     else:
         layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), "f32", 0)
     for T in (5, 60, 160):  # 160: >= 16 rows per expert, so amx runs its AMX tiles

@@ -1,7 +1,9 @@
 """``kt-jit-dump`` / ``kt-jit dump``: generate the kernels one MoE layer needs and show them.
 
 For every kernel: name, key, size in bytes, generation time (µs) and a disassembly (objdump when
-installed, else a hex dump). ``--out DIR`` also writes ``<name>.bin`` (raw code) and ``<name>.json``
+installed, else a hex dump). ``--isa neon`` (or neon_dotprod, neon_bf16) generates the AArch64
+kernels on any host and disassembles them with an AArch64 objdump (aarch64-linux-gnu-objdump, or a
+multiarch objdump); without one it stops with an error unless ``--no-disasm``. ``--out DIR`` also writes ``<name>.bin`` (raw code) and ``<name>.json``
 (metadata) per kernel.
 """
 
@@ -43,6 +45,46 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", name) or "kernel"
 
 
+NEON_LEVELS = ("neon", "neon_dotprod", "neon_bf16")
+
+
+def a64_objdump() -> str | None:
+    """An objdump that disassembles AArch64: the cross binutils' one, or a multiarch objdump."""
+    cross = shutil.which("aarch64-linux-gnu-objdump")
+    if cross:
+        return cross
+    objdump = shutil.which("objdump")
+    if objdump:
+        res = subprocess.run([objdump, "--help"], capture_output=True, text=True, check=False)
+        if re.search(r"supported architectures:.*\baarch64\b", res.stdout, re.DOTALL):
+            return objdump
+    return None
+
+
+def disassemble_a64(code: bytes, objdump: str) -> str:
+    """objdump's disassembly of raw AArch64 code (the constant pool shows as .inst words)."""
+    fd, path = tempfile.mkstemp(suffix=".bin", prefix="kt_jit_")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(code)
+        res = subprocess.run(
+            [objdump, "-D", "-b", "binary", "-m", "aarch64", path],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if res.returncode != 0:
+            raise RuntimeError(f"{objdump} failed: {res.stderr.strip()}")
+        lines = res.stdout.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("0000000000000000 <.data>:"):
+                lines = lines[i + 1 :]
+                break
+        return "\n".join(lines)
+    finally:
+        os.unlink(path)
+
+
 def disassemble(code: bytes) -> str:
     """objdump's Intel-syntax disassembly of raw x86-64 code, or a hex dump without objdump."""
     objdump = shutil.which("objdump")
@@ -82,6 +124,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     from . import _core
 
     isa = args.isa or _core.isa()
+    a64 = isa in NEON_LEVELS
+    a64_dis = a64_objdump() if a64 and not args.no_disasm else None
+    if a64 and not args.no_disasm and a64_dis is None:
+        print(
+            f"kt-jit-dump: error: --isa {isa} prints AArch64 code and needs an AArch64 "
+            "disassembler: install binutils-aarch64-linux-gnu (aarch64-linux-gnu-objdump) or a "
+            "multiarch objdump (binutils-multiarch), or pass --no-disasm",
+            file=sys.stderr,
+        )
+        return 1
     try:
         kernels = _core.dump_kernels(
             args.method, args.experts, args.top_k, args.hidden, args.intermediate, isa
@@ -125,7 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f.write("\n")
             print(f"   wrote: {base}.bin, {base}.json")
         if not args.no_disasm:
-            print(disassemble(code))
+            print(disassemble_a64(code, a64_dis) if a64_dis else disassemble(code))
     print(f"\n# total: {len(kernels)} kernel(s), {total} bytes")
     return 0
 

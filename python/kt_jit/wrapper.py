@@ -59,20 +59,33 @@ def _ensure_pool(threads: int, pools: int, numa_nodes: List[int], method: str) -
     global _pool_state
     with _pool_lock:
         if _pool_state is None:
-            in_effect = _core.init_pool(int(threads), int(pools))
+            in_effect = _core.init_pool(int(threads), int(pools), [int(n) for n in numa_nodes])
             try:
                 eff_threads, eff_pools = (int(v) for v in in_effect)
             except (TypeError, ValueError):
                 eff_threads, eff_pools = int(threads), int(pools)
-            _pool_state = {"threads": eff_threads, "pools": eff_pools, "numa_nodes": numa_nodes}
+            info = dict(_core.pool_info()) if hasattr(_core, "pool_info") else {}
+            # The nodes in effect: a node the machine lacks is replaced (one warning from the core).
+            eff_nodes = list(info.get("numa_nodes", numa_nodes))
+            _pool_state = {
+                "threads": eff_threads,
+                "pools": eff_pools,
+                "numa_nodes": eff_nodes,
+                "pool_threads": list(info.get("pool_threads", [])),
+                "bound": bool(info.get("bound", False)),
+                "topology": info.get("topology", ""),
+            }
             logger.info(
-                "kt-jit %s: isa=%s threads=%d pools=%d numa_nodes=%s method=%s",
+                "kt-jit %s: isa=%s threads=%d pools=%d numa_nodes=%s threads_per_pool=%s "
+                "method=%s; %s",
                 _core.__version__,
                 _core.isa(),
                 eff_threads,
                 eff_pools,
-                numa_nodes,
+                eff_nodes,
+                _pool_state["pool_threads"],
                 method,
+                _pool_state["topology"],
             )
         elif (threads, pools) != (_pool_state["threads"], _pool_state["pools"]):
             logger.debug(
@@ -283,31 +296,81 @@ class KTMoEWrapper:
         BF16, FP8, FP8_PERCHANNEL: a Hugging Face checkpoint directory (``*.safetensors`` +
         ``config.json``), see docs/FORMATS.md "Loading from a checkpoint" and "FP8". AMXINT8 /
         AMXINT4: a directory converted by kt-kernel (safetensors or ``.kt`` tree, any number of
-        NUMA parts), see docs/FORMATS.md "Loading kt-kernel converted directories"."""
-        from .loaders import hf, ktkernel
+        NUMA parts), see docs/FORMATS.md "Loading kt-kernel converted directories"; the integer
+        methods also read a kt-jit artifact (``kt-jit convert``, one shard per threadpool_count),
+        see docs/FORMATS.md "kt-jit artifact". LLAMAFILE: a
+        ``.gguf`` file, split set or directory, see docs/FORMATS.md "GGUF". MXFP4 / MXFP8: a
+        DeepSeek-V4 / MiniMax-M3 checkpoint (e2m1 / e4m3 bytes, ue8m0 scales per 32 inputs) with
+        ``swiglu_limit`` / ``swiglu_alpha`` applied, see docs/FORMATS.md "MXFP4 / MXFP8".
+        RAWINT4 / GPTQ_INT4: a compressed-tensors pack-quantized / symmetric GPTQ checkpoint
+        (4-bit nibbles, group scales) on the qgroup kernels, one shard per pool, see
+        docs/FORMATS.md "RAWINT4 / GPTQ_INT4"."""
+        from .loaders import hf, ktjit, ktkernel
 
         method, E, K = self.method, self.num_experts, self.num_experts_per_tok
         H, I = self.hidden_size, self.moe_intermediate_size
         kt_dir = method in ("AMXINT8", "AMXINT4", "MOE_INT8", "MOE_INT4")
-        if not kt_dir and method not in ("BF16", "FP8", "FP8_PERCHANNEL"):
+        mx = method in ("MXFP4", "MXFP8")
+        int4 = method in ("RAWINT4", "GPTQ_INT4")
+        hf_methods = ("BF16", "FP8", "FP8_PERCHANNEL", "LLAMAFILE")
+        if not (kt_dir or mx or int4 or method in hf_methods):
             raise NotImplementedError(
                 f"load_weights: loading method {method!r} from weight_path "
                 f"({self.weight_path!r}) arrives with the formats issue; use "
                 "load_weights_from_tensors"
             )
         pmap = self._check_map(physical_to_logical_map_cpu)
-        if kt_dir:
+        artifact = ktjit.is_artifact(self.weight_path)  # written by `kt-jit convert`
+        if artifact and not kt_dir:
+            raise ValueError(
+                f"weight_path: {self.weight_path!r} is a kt-jit artifact (integer weights); it "
+                f"loads with AMXINT8/MOE_INT8 or AMXINT4/MOE_INT4, not {method!r}"
+            )
+        if kt_dir and not artifact:
             ktkernel.method_bits(method)  # MOE_*: NotImplementedError before any I/O
         if not self.weight_path or not os.path.exists(self.weight_path):
             raise FileNotFoundError(f"weight_path: {self.weight_path!r} does not exist")
         hf.check_model_shape(self.weight_path, E, K, H, I)
         args = (self.weight_path, self.layer_idx, E, H, I, pmap)
-        if kt_dir:  # one shard per NUMA part of the converted files
+        if int4:  # nibble - 8 codes with group scales on the qgroup kernels, shard per pool
+            from .loaders import int4 as int4_loader
+
+            layer, self.load_stats = int4_loader.load_int4_layer(
+                self.weight_path, self.layer_idx, E, K, H, I, pmap, method,
+                pools=self.cpu_infer["pools"],
+            )  # fmt: skip
+        elif method == "LLAMAFILE":  # one shard per pool, split on the down type's blocks
+            from .loaders import gguf
+
+            layer, self.load_stats = gguf.load_gguf_layer(
+                self.weight_path, self.layer_idx, E, K, H, I, pmap, pools=self.cpu_infer["pools"]
+            )
+        elif artifact:  # full-I experts, sliced into one shard per threadpool_count
+            layer, self.load_stats = ktjit.load_artifact_layer(
+                lambda bounds: _core.MoELayer(E, K, H, I, method, "", shard_bounds=bounds),
+                *args,
+                method,
+                shards=self.threadpool_count,
+            )
+        elif kt_dir:  # one shard per NUMA part of the converted files
             layer, self.load_stats = ktkernel.load_ktkernel_layer(
                 lambda bounds: _core.MoELayer(E, K, H, I, method, "", shard_bounds=bounds),
                 *args,
                 method,
             )
+        elif mx:  # e2m1 / e4m3 bytes with ue8m0 scales, SwiGLU variants per swiglu_limit/alpha
+            from .loaders import mx as mx_loader
+
+            layer = _core.MoELayer(
+                E,
+                K,
+                H,
+                I,
+                method,
+                swiglu_limit=self.swiglu_limit,
+                swiglu_alpha=self.swiglu_alpha,
+            )
+            self.load_stats = mx_loader.load_mx_layer(layer, *args, method=method)
         else:
             layer = _core.MoELayer(E, K, H, I, method)
             if method == "BF16":
@@ -363,10 +426,22 @@ class KTMoEWrapper:
         physical_to_logical_map_cpu: Optional[torch.Tensor] = None,
     ):
         """Quantize bf16/fp16/fp32 CPU weights online: gate/up [E, I, H], down [E, H, I]."""
-        if self.method in ("FP8", "FP8_PERCHANNEL"):
+        if self.method in ("FP8", "FP8_PERCHANNEL", "MXFP4", "MXFP8"):
             raise NotImplementedError(
-                f"load_weights_from_tensors: method {self.method!r} loads e4m3 checkpoints with "
-                "load_weights(); there is no online FP8 quantization"
+                f"load_weights_from_tensors: method {self.method!r} loads e4m3 / MX checkpoints "
+                "with load_weights(); there is no online FP8 / MX quantization"
+            )
+        if self.method in ("RAWINT4", "GPTQ_INT4"):
+            raise NotImplementedError(
+                f"load_weights_from_tensors: method {self.method!r} loads 4-bit group-quantized "
+                "checkpoints (compressed-tensors / GPTQ) with load_weights(); there is no online "
+                "RAWINT4 / GPTQ quantization (use AMXINT4 or AMXINT8 for float tensors)"
+            )
+        if self.method == "LLAMAFILE":
+            raise NotImplementedError(
+                "load_weights_from_tensors: method 'LLAMAFILE' loads GGUF files with "
+                "load_weights(); there is no online GGML block quantization (use AMXINT4/AMXINT8 "
+                "or BF16 for float tensors)"
             )
         E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
         gate = self._check_weight("gate_proj", gate_proj, (E, I, H))
@@ -517,13 +592,14 @@ class KTMoEWrapper:
         checkpoint encoding for each of ``gpu_tp_count`` GPU ranks: element r of each list is the
         address of rank r's buffer (host memory). w13 = [gate rows; up rows] of rank r's I slice
         ([2·I/tp, H]), w2 = down's column slice ([H, I/tp]); scales alike — FP8: fp32 128×128
-        block scales, FP8_PERCHANNEL: fp32 row scales, BF16: none (pointers ignored). Weights are
+        block scales, FP8_PERCHANNEL: fp32 row scales, MXFP4 / MXFP8: ue8m0 bytes [N, K/32],
+        BF16: none (pointers ignored). Weights are
         read back from the packed layer, bit-exact. Finish with
         ``sync_write_weight_scale_to_buffer()``."""
-        if self.method not in ("BF16", "FP8", "FP8_PERCHANNEL"):
+        if self.method not in ("BF16", "FP8", "FP8_PERCHANNEL", "MXFP4", "MXFP8"):
             raise NotImplementedError(
                 f"write_weight_scale_to_buffer: method {self.method} keeps no checkpoint encoding "
-                "to write back (supported: BF16, FP8, FP8_PERCHANNEL)"
+                "to write back (supported: BF16, FP8, FP8_PERCHANNEL, MXFP4, MXFP8)"
             )
         if self.moe is None:
             raise RuntimeError("write_weight_scale_to_buffer: weights are not loaded")

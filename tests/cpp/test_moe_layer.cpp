@@ -93,7 +93,7 @@ TEST(MoELayer, AllSlotsSkippedGivesZero) {
 }
 
 TEST(MoELayer, RejectsUnbuiltMethodAndBadMap) {
-  EXPECT_THROW(MoELayer({8, 2, 64, 32}, "MXFP4", IsaLevel::ref), std::invalid_argument);
+  EXPECT_THROW(MoELayer({8, 2, 64, 32}, "NOT_A_METHOD", IsaLevel::ref), std::invalid_argument);
   MoELayer layer({2, 1, 8, 8}, "AMXINT8", IsaLevel::ref);
   std::vector<float> g(2 * 8 * 8, 0.1f);
   int64_t map[2] = {0, 5};

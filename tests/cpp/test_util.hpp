@@ -8,11 +8,17 @@
 
 namespace ktjit::test {
 
-// x86 levels this machine can execute, lowest first (KT_JIT_ISA caps them).
+// Generated levels this machine can execute, lowest first (KT_JIT_ISA caps them): the x86 levels
+// on x86-64, the NEON levels on AArch64.
 inline std::vector<IsaLevel> runnable_levels() {
   std::vector<IsaLevel> v;
+#if defined(__aarch64__)
+  if (isa_is_neon(selected_isa()))
+    for (int l = int(IsaLevel::neon); l <= int(selected_isa()); ++l) v.push_back(IsaLevel(l));
+#else
   for (int l = int(IsaLevel::avx2); l <= int(selected_isa()); ++l)
     if (IsaLevel(l) != IsaLevel::amx) v.push_back(IsaLevel(l));
+#endif
   return v;
 }
 

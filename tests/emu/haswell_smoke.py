@@ -22,7 +22,6 @@ import torch  # noqa: E402
 
 T_TORCH = time.time() - T0
 import kt_jit  # noqa: E402
-from kt_jit import _core  # noqa: E402
 
 E, K, H, I = 8, 2, 64, 48
 TOL = 3e-2  # relative L1 vs the dequantized fp32 reference (as tests/python/test_moe_int8.py)

@@ -8,7 +8,6 @@ import socket
 import torch
 import torch.multiprocessing as mp
 
-import kt_jit
 from conftest import make_routing, make_weights, make_wrapper
 from kt_jit.distributed import expert_range
 

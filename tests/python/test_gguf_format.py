@@ -87,7 +87,13 @@ def ours_decode(info: dict, raw: np.ndarray, rows: int, k: int, group=None, bias
     b = np.empty((rows, k // group), dtype=np.float32) if want_bias else None
     raw = np.ascontiguousarray(raw)
     _core.gguf_decode(
-        info["id"], raw.ctypes.data, rows, k, group, codes.ctypes.data, scales.ctypes.data,
+        info["id"],
+        raw.ctypes.data,
+        rows,
+        k,
+        group,
+        codes.ctypes.data,
+        scales.ctypes.data,
         b.ctypes.data if b is not None else 0,
     )
     return codes, scales, b
@@ -209,14 +215,17 @@ def test_errors():
         _core.gguf_dequantize(int(QT.Q4_K), raw.ctypes.data, 1, 288, out.ctypes.data)
     codes = np.zeros(4096, dtype=np.int8)
     with pytest.raises(ValueError, match="float type"):
-        _core.gguf_decode(int(QT.F16), raw.ctypes.data, 1, 64, 32, codes.ctypes.data,
-                          out.ctypes.data, 0)
+        _core.gguf_decode(
+            int(QT.F16), raw.ctypes.data, 1, 64, 32, codes.ctypes.data, out.ctypes.data, 0
+        )
     with pytest.raises(ValueError, match="does not divide"):
-        _core.gguf_decode(int(QT.Q6_K), raw.ctypes.data, 1, 256, 32, codes.ctypes.data,
-                          out.ctypes.data, 0)
+        _core.gguf_decode(
+            int(QT.Q6_K), raw.ctypes.data, 1, 256, 32, codes.ctypes.data, out.ctypes.data, 0
+        )
     with pytest.raises(ValueError, match="biases"):
-        _core.gguf_decode(int(QT.Q4_K), raw.ctypes.data, 1, 256, 32, codes.ctypes.data,
-                          out.ctypes.data, 0)
+        _core.gguf_decode(
+            int(QT.Q4_K), raw.ctypes.data, 1, 256, 32, codes.ctypes.data, out.ctypes.data, 0
+        )
 
 
 def test_multithreaded_decode_is_identical():

@@ -22,8 +22,20 @@ QT = gguf.GGMLQuantizationType
 E, K, H, I = 8, 2, 256, 256
 LAYER = 5
 ARCH = "qwen3moe"
-INT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-             "IQ4_NL", "IQ4_XS"]
+INT_TYPES = [
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+]
 FLOAT_TYPES = ["F32", "F16", "BF16"]
 #: (offset of d, offset of the second f16 field or None, its value relative to d) per type:
 #: dmin / m set so the weights are roughly centred
@@ -105,8 +117,13 @@ def dequant(name: str, data: np.ndarray, n: int, k: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).reshape(e, n, k)
 
 
-def write_gguf(path, tensors: dict, meta: dict | None = None, split_max_tensors: int = 0,
-               extra: dict | None = None):
+def write_gguf(
+    path,
+    tensors: dict,
+    meta: dict | None = None,
+    split_max_tensors: int = 0,
+    extra: dict | None = None,
+):
     """tensors: key -> (type name, uint8 data [E, n, row bytes]); meta: {key suffix: value}."""
     w = gguf.GGUFWriter(str(path), arch=ARCH, split_max_tensors=split_max_tensors)
     for k, v in (meta or {}).items():
@@ -125,8 +142,16 @@ def key(proj: str, layer: int = LAYER) -> str:
     return f"blk.{layer}.ffn_{proj}_exps.weight"
 
 
-def make_model(tmp_path, types=("Q4_K", "Q4_K", "Q4_K"), inter=I, seed=0, fname="model.gguf",
-               meta=True, split_max_tensors=0, experts=E):
+def make_model(
+    tmp_path,
+    types=("Q4_K", "Q4_K", "Q4_K"),
+    inter=I,
+    seed=0,
+    fname="model.gguf",
+    meta=True,
+    split_max_tensors=0,
+    experts=E,
+):
     """Writes a GGUF file with layer LAYER's experts (plus an unrelated tensor); returns
     (path, reference weights gate, up, down as fp32 tensors from gguf's dequantization)."""
     shapes = {"gate": (inter, H), "up": (inter, H), "down": (H, inter)}
@@ -137,14 +162,23 @@ def make_model(tmp_path, types=("Q4_K", "Q4_K", "Q4_K"), inter=I, seed=0, fname=
         tensors[key(proj)] = (name, data)
         ref[proj] = dequant(name, data, n, k)
     md = (
-        {"expert_count": experts, "expert_used_count": K, "embedding_length": H,
-         "expert_feed_forward_length": inter}
+        {
+            "expert_count": experts,
+            "expert_used_count": K,
+            "embedding_length": H,
+            "expert_feed_forward_length": inter,
+        }
         if meta
         else None
     )
     path = tmp_path / fname
-    write_gguf(path, tensors, md, split_max_tensors,
-               extra={"token_embd.weight": np.zeros((4, H), np.float32)})
+    write_gguf(
+        path,
+        tensors,
+        md,
+        split_max_tensors,
+        extra={"token_embd.weight": np.zeros((4, H), np.float32)},
+    )
     return path, ref["gate"], ref["up"], ref["down"]
 
 
@@ -154,9 +188,18 @@ def make_model(tmp_path, types=("Q4_K", "Q4_K", "Q4_K"), inter=I, seed=0, fname=
 
 def wrapper_for(path, inter=I, method="LLAMAFILE", **kw):
     return kt_jit.KTMoEWrapper(
-        layer_idx=LAYER, num_experts=E, num_experts_per_tok=K, hidden_size=H,
-        moe_intermediate_size=inter, gpu_experts_mask=None, cpuinfer_threads=2,
-        threadpool_count=1, weight_path=str(path), chunked_prefill_size=1024, method=method, **kw,
+        layer_idx=LAYER,
+        num_experts=E,
+        num_experts_per_tok=K,
+        hidden_size=H,
+        moe_intermediate_size=inter,
+        gpu_experts_mask=None,
+        cpuinfer_threads=2,
+        threadpool_count=1,
+        weight_path=str(path),
+        chunked_prefill_size=1024,
+        method=method,
+        **kw,
     )
 
 
@@ -239,8 +282,9 @@ def test_moe_float_types(ref, tmp_path, name):
 
 
 @needs_grouped
-@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q8_0"), ("Q4_0", "Q4_0", "Q4_0"),
-                                   ("IQ4_NL", "IQ4_NL", "Q5_1")])
+@pytest.mark.parametrize(
+    "types", [("Q4_K", "Q4_K", "Q8_0"), ("Q4_0", "Q4_0", "Q4_0"), ("IQ4_NL", "IQ4_NL", "Q5_1")]
+)
 def test_moe_intermediate_1408(ref, tmp_path, types):
     """DeepSeek-V2-Lite's I = 1408: 5.5 K-quant blocks, so down (K = I) takes a 32-block type,
     as llama.cpp's Q4_K_M does (Q8_0 fallback)."""
@@ -251,8 +295,15 @@ def test_moe_intermediate_1408(ref, tmp_path, types):
 
 
 @needs_grouped
-@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q6_K", "Q4_K"),
-                                   ("Q4_0", "Q3_K", "IQ4_XS"), ("Q2_K", "Q5_K", "Q3_K")])
+@pytest.mark.parametrize(
+    "types",
+    [
+        ("Q4_K", "Q4_K", "Q6_K"),
+        ("Q4_K", "Q6_K", "Q4_K"),
+        ("Q4_0", "Q3_K", "IQ4_XS"),
+        ("Q2_K", "Q5_K", "Q3_K"),
+    ],
+)
 def test_moe_mixed_types(ref, tmp_path, types):
     """Q4_K_M mixes Q4_K and Q6_K; gate and up of different types share one spec."""
     path, gate, up, down = make_model(tmp_path, types, seed=4)
@@ -265,10 +316,16 @@ def test_moe_mixed_types(ref, tmp_path, types):
 def test_gate_up_common_spec():
     t = {x["name"]: x for x in _core.gguf_types()}
     assert gguf_loader.gate_up_spec(t["Q4_K"], t["Q4_K"]) == {
-        "group": 32, "bias": True, "lut": list(range(16))}
+        "group": 32,
+        "bias": True,
+        "lut": list(range(16)),
+    }
     assert gguf_loader.gate_up_spec(t["Q4_K"], t["Q6_K"]) == {"group": 16, "bias": True, "lut": []}
     assert gguf_loader.gate_up_spec(t["Q4_0"], t["Q3_K"]) == {
-        "group": 16, "bias": False, "lut": list(range(-8, 8))}
+        "group": 16,
+        "bias": False,
+        "lut": list(range(-8, 8)),
+    }
     assert gguf_loader.gate_up_spec(t["Q2_K"], t["Q4_K"])["lut"] == list(range(16))
     assert gguf_loader.gate_up_spec(t["IQ4_XS"], t["Q4_0"])["lut"] == []
 
@@ -302,8 +359,10 @@ class _RecordingLayer:
             codes_p, scales_p, biases_p = ptrs[3 * j : 3 * j + 3]
             assert len(codes_p) == len(slots)
             for i, slot in enumerate(slots):
+
                 def arr(p, ctype, count):
                     return np.ctypeslib.as_array((ctype * count).from_address(p)).copy()
+
                 c = arr(codes_p[i], ctypes.c_int8, n * k).reshape(n, k)
                 sc = arr(scales_p[i], ctypes.c_float, n * k // g).reshape(n, k // g)
                 w = np.repeat(sc, g, axis=1) * c.astype(np.float32)
@@ -316,9 +375,16 @@ class _RecordingLayer:
                 self.weights[(proj, slot)] = w
 
 
-@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q6_K", "Q2_K"),
-                                   ("Q4_0", "Q3_K", "IQ4_XS"), ("Q5_1", "IQ4_NL", "Q5_K"),
-                                   ("Q8_0", "Q4_1", "Q3_K")])
+@pytest.mark.parametrize(
+    "types",
+    [
+        ("Q4_K", "Q4_K", "Q6_K"),
+        ("Q4_K", "Q6_K", "Q2_K"),
+        ("Q4_0", "Q3_K", "IQ4_XS"),
+        ("Q5_1", "IQ4_NL", "Q5_K"),
+        ("Q8_0", "Q4_1", "Q3_K"),
+    ],
+)
 def test_grouped_calls_reproduce_weights(tmp_path, monkeypatch, types):
     """What the loader hands load_experts_grouped (specs, pointer lists, slot order under a map)
     rebuilds gguf's dequantized weights exactly; runs without the grouped kernels."""
@@ -326,8 +392,11 @@ def test_grouped_calls_reproduce_weights(tmp_path, monkeypatch, types):
 
     path, gate, up, down = make_model(tmp_path, types, seed=9)
     fake = pytypes.SimpleNamespace(
-        gguf_types=_core.gguf_types, gguf_decode=_core.gguf_decode,
-        gguf_dequantize=_core.gguf_dequantize, MoELayer=_RecordingLayer)
+        gguf_types=_core.gguf_types,
+        gguf_decode=_core.gguf_decode,
+        gguf_dequantize=_core.gguf_dequantize,
+        MoELayer=_RecordingLayer,
+    )
     monkeypatch.setattr(gguf_loader, "_core", fake)
     pmap = torch.tensor([7, 6, 5, 4, 3, 2, 1, 0])
     layer, _stats = gguf_loader.load_gguf_layer(str(path), LAYER, E, K, H, I, pmap, pools=2)
@@ -363,20 +432,25 @@ def test_shards_and_map(ref, tmp_path):
 @pytest.mark.parametrize("how", ["first_part", "other_part", "directory"])
 def test_split_files(ref, tmp_path, how):
     """GGUFWriter's split set (one tensor per file) loads from any part or the directory."""
-    _path, gate, up, down = make_model(tmp_path, ("BF16", "BF16", "BF16"), seed=7,
-                                      split_max_tensors=1)
+    _path, gate, up, down = make_model(
+        tmp_path, ("BF16", "BF16", "BF16"), seed=7, split_max_tensors=1
+    )
     parts = sorted(os.listdir(tmp_path))
     assert parts == [f"model-{i:05d}-of-00004.gguf" for i in range(1, 5)]
-    target = {"first_part": tmp_path / parts[0], "other_part": tmp_path / parts[2],
-              "directory": tmp_path}[how]
+    target = {
+        "first_part": tmp_path / parts[0],
+        "other_part": tmp_path / parts[2],
+        "directory": tmp_path,
+    }[how]
     wr, _, _stats = run_layer_direct(ref, target)
     check_moe(ref, wr, gate, up, down, 1e-2)
 
 
 @needs_grouped
 def test_split_files_quantized(ref, tmp_path):
-    _path, gate, up, down = make_model(tmp_path, ("Q4_K", "Q4_K", "Q6_K"), seed=8,
-                                      split_max_tensors=2)
+    _path, gate, up, down = make_model(
+        tmp_path, ("Q4_K", "Q4_K", "Q6_K"), seed=8, split_max_tensors=2
+    )
     wr = wrapper_for(tmp_path / "model-00001-of-00002.gguf")
     wr.load_weights()
     check_moe(ref, wr, gate, up, down, 3e-2, actq=wr.moe.shard_bounds)
@@ -417,8 +491,10 @@ def test_error_unsupported_type(tmp_path):
     good = expert_tensor("Q8_0", I, H, 0)
     bad = np.random.default_rng(0).integers(0, 256, size=(E, I, H // 256 * 66), dtype=np.uint8)
     path = tmp_path / "iq2.gguf"
-    write_gguf(path, {key("gate"): ("Q8_0", good), key("up"): ("IQ2_XXS", bad),
-                      key("down"): ("Q8_0", good)})
+    write_gguf(
+        path,
+        {key("gate"): ("Q8_0", good), key("up"): ("IQ2_XXS", bad), key("down"): ("Q8_0", good)},
+    )
     with pytest.raises(ValueError) as ei:
         _load(path)
     msg = str(ei.value)

@@ -15,10 +15,16 @@ E, K, H, I = 4, 2, 64, 32
 LAYER = 3
 
 FAMILIES = {
-    "deepseek": ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
-                 "mlp.experts.{e}.down_proj.weight"),
-    "mixtral": ("block_sparse_moe.experts.{e}.w1.weight", "block_sparse_moe.experts.{e}.w3.weight",
-                "block_sparse_moe.experts.{e}.w2.weight"),
+    "deepseek": (
+        "mlp.experts.{e}.gate_proj.weight",
+        "mlp.experts.{e}.up_proj.weight",
+        "mlp.experts.{e}.down_proj.weight",
+    ),
+    "mixtral": (
+        "block_sparse_moe.experts.{e}.w1.weight",
+        "block_sparse_moe.experts.{e}.w3.weight",
+        "block_sparse_moe.experts.{e}.w2.weight",
+    ),
     "mistral": ("experts.{e}.w1.weight", "experts.{e}.w3.weight", "experts.{e}.w2.weight"),
 }
 BASES = {
@@ -73,9 +79,17 @@ def make_wrapper(ref, path, method="BF16"):
     import kt_jit
 
     return kt_jit.KTMoEWrapper(
-        layer_idx=LAYER, num_experts=E, num_experts_per_tok=K, hidden_size=H,
-        moe_intermediate_size=I, gpu_experts_mask=None, cpuinfer_threads=ref.THREADS,
-        threadpool_count=ref.POOLS, weight_path=str(path), chunked_prefill_size=1024, method=method,
+        layer_idx=LAYER,
+        num_experts=E,
+        num_experts_per_tok=K,
+        hidden_size=H,
+        moe_intermediate_size=I,
+        gpu_experts_mask=None,
+        cpuinfer_threads=ref.THREADS,
+        threadpool_count=ref.POOLS,
+        weight_path=str(path),
+        chunked_prefill_size=1024,
+        method=method,
     )
 
 
@@ -196,8 +210,9 @@ def test_wrong_shape(ref, tmp_path):
 def test_config_shape_mismatch(ref, tmp_path):
     write_per_expert(tmp_path, *make_weights(seed=8))
     write_config(tmp_path, moe_intermediate_size=I * 2)
-    _expect_error(ref, tmp_path, ValueError, "config.json", "moe_intermediate_size",
-                  str(I), str(2 * I))
+    _expect_error(
+        ref, tmp_path, ValueError, "config.json", "moe_intermediate_size", str(I), str(2 * I)
+    )
 
 
 def test_missing_directory_and_no_files(ref, tmp_path):

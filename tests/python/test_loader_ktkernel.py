@@ -76,20 +76,20 @@ def _kt_pack_procedure(q: np.ndarray, bits: int) -> bytes:
                 for k_begin in range(0, kbs, step):
                     base = nb * k + kb * nbs + n_begin * kbs + k_begin * 32
                     for i in range(32):
-                        row = qi[nb + n_begin + i, kb + k_begin: kb + k_begin + step]
+                        row = qi[nb + n_begin + i, kb + k_begin : kb + k_begin + step]
                         if bits == 8:
                             dst = base + i * 64
-                            out[dst: dst + 64] = (row & 0xFF).astype(np.uint8)
+                            out[dst : dst + 64] = (row & 0xFF).astype(np.uint8)
                         else:
                             dst = (base + i * 128) // 2
                             lo = (row[:64] // 16) & 0xF
                             hi = (row[64:] // 16) & 0xF
-                            out[dst: dst + 64] = (lo | (hi << 4)).astype(np.uint8)
+                            out[dst : dst + 64] = (lo | (hi << 4)).astype(np.uint8)
                     b0 = base if bits == 8 else base // 2
                     for h in range(2):
                         s = b0 + h * 1024
-                        tile = out[s: s + 1024].view(np.uint32).reshape(16, 16)
-                        out[s: s + 1024] = tile.T.copy().reshape(-1).view(np.uint8)
+                        tile = out[s : s + 1024].view(np.uint32).reshape(16, 16)
+                        out[s : s + 1024] = tile.T.copy().reshape(-1).view(np.uint8)
     return out.tobytes()
 
 
@@ -100,8 +100,9 @@ def test_int8_pack_matches_procedure_and_roundtrips(n, k):
     b = kk.pack_amx_int8(q)
     assert b == _kt_pack_procedure(q, 8)
     assert np.array_equal(kk.unpack_amx_int8(np.frombuffer(b, np.uint8), n, k), q)
-    assert np.array_equal(kk.unpack_amx_int8(torch.frombuffer(bytearray(b), dtype=torch.int8),
-                                             n, k), q)
+    assert np.array_equal(
+        kk.unpack_amx_int8(torch.frombuffer(bytearray(b), dtype=torch.int8), n, k), q
+    )
 
 
 @pytest.mark.parametrize("n,k", [(160, 384), (32, 3712), (32, 128)])
@@ -137,16 +138,19 @@ def quantize_parts(ref, gate, up, down, tp, bits):
     parts = []
     for n in range(tp):
         sl = slice(n * ip, (n + 1) * ip)
-        parts.append({
-            "gate": _quantize(ref, gate[:, sl, :], bits),
-            "up": _quantize(ref, up[:, sl, :], bits),
-            "down": _quantize(ref, down[:, :, sl], bits),  # rows over the part's column slice
-        })
+        parts.append(
+            {
+                "gate": _quantize(ref, gate[:, sl, :], bits),
+                "up": _quantize(ref, up[:, sl, :], bits),
+                "down": _quantize(ref, down[:, :, sl], bits),  # rows over the part's column slice
+            }
+        )
     return parts
 
 
-def write_ktkernel_dir(d, parts, bits, mode="safetensors", split_last_expert=True,
-                       skip=(), mutate=None):
+def write_ktkernel_dir(
+    d, parts, bits, mode="safetensors", split_last_expert=True, skip=(), mutate=None
+):
     """Write ``parts`` as kt-kernel's converter does. skip: {(part, proj, e, kind)} left out;
     mutate(part, proj, e, kind, bytes) -> bytes changes one blob."""
     os.makedirs(d, exist_ok=True)
@@ -165,9 +169,11 @@ def write_ktkernel_dir(d, parts, bits, mode="safetensors", split_last_expert=Tru
                     if mutate is not None:
                         blob = mutate(n, proj, e, kind, blob)
                     if mode == "safetensors":
-                        fname = ("model-00002-of-00002.safetensors"
-                                 if split_last_expert and e == q.shape[0] - 1
-                                 else "model-00001-of-00002.safetensors")
+                        fname = (
+                            "model-00002-of-00002.safetensors"
+                            if split_last_expert and e == q.shape[0] - 1
+                            else "model-00001-of-00002.safetensors"
+                        )
                         key = f"blk.{LAYER}.ffn_{proj}_exps.{e}.numa.{n}.{kind}"
                         dt = torch.int8 if kind == "weight" else torch.float32
                         t = torch.frombuffer(bytearray(blob), dtype=torch.uint8).view(dt).clone()
@@ -185,8 +191,15 @@ def write_ktkernel_dir(d, parts, bits, mode="safetensors", split_last_expert=Tru
         for fname, tensors in files.items():
             save_file(tensors, os.path.join(d, fname))
     with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({"n_routed_experts": E, "num_experts_per_tok": K, "hidden_size": H,
-                   "moe_intermediate_size": I}, f)
+        json.dump(
+            {
+                "n_routed_experts": E,
+                "num_experts_per_tok": K,
+                "hidden_size": H,
+                "moe_intermediate_size": I,
+            },
+            f,
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -205,7 +218,8 @@ def _slots_by_expert(ids):
 
 def reference_parts(ref, x, ids, w, parts, pmap):
     """kt-kernel's per-part semantics in float64: x quantized per token over H for gate/up; for
-    each part, h's slice quantized per (expert, token), down with the part's scales; parts summed."""
+    each part, h's slice quantized per (expert, token), down with the part's scales; parts summed.
+    """
     x = x.to(torch.float32)
     T = x.shape[0]
     xq, xd = ref.quantize_rows(x)
@@ -228,8 +242,9 @@ def reference_parts(ref, x, ids, w, parts, pmap):
 
 def reference_dequant(ref, x, ids, w, parts, pmap):
     """fp32 MoE over the dequantized (per-part) weights and the unquantized input."""
-    deq = {proj: [p[proj][0].float() * p[proj][1].unsqueeze(-1) for p in parts]
-           for proj in kk.PROJS}
+    deq = {
+        proj: [p[proj][0].float() * p[proj][1].unsqueeze(-1) for p in parts] for proj in kk.PROJS
+    }
     gate = torch.cat(deq["gate"], dim=1)
     up = torch.cat(deq["up"], dim=1)
     down = torch.cat(deq["down"], dim=2)
@@ -246,10 +261,17 @@ def make_wrapper(ref, path, method, pools=None):
     import kt_jit
 
     return kt_jit.KTMoEWrapper(
-        layer_idx=LAYER, num_experts=E, num_experts_per_tok=K, hidden_size=H,
-        moe_intermediate_size=I, gpu_experts_mask=None, cpuinfer_threads=ref.THREADS,
-        threadpool_count=ref.POOLS if pools is None else pools, weight_path=str(path),
-        chunked_prefill_size=1024, method=method,
+        layer_idx=LAYER,
+        num_experts=E,
+        num_experts_per_tok=K,
+        hidden_size=H,
+        moe_intermediate_size=I,
+        gpu_experts_mask=None,
+        cpuinfer_threads=ref.THREADS,
+        threadpool_count=ref.POOLS if pools is None else pools,
+        weight_path=str(path),
+        chunked_prefill_size=1024,
+        method=method,
     )
 
 
@@ -361,8 +383,14 @@ def test_st_truncated_file(ref, tmp_path, parts8):
     f.write_bytes(data[: len(data) - 100])
     from kt_jit.loaders import CheckpointError
 
-    _expect(ref, tmp_path, "AMXINT8", CheckpointError, str(f),
-            f"blk.{LAYER}.ffn_gate_exps.{E - 1}.numa.0.weight")
+    _expect(
+        ref,
+        tmp_path,
+        "AMXINT8",
+        CheckpointError,
+        str(f),
+        f"blk.{LAYER}.ffn_gate_exps.{E - 1}.numa.0.weight",
+    )
 
 
 def test_st_wrong_byte_size(ref, tmp_path, parts8):
@@ -370,20 +398,39 @@ def test_st_wrong_byte_size(ref, tmp_path, parts8):
         return blob[:-64] if (n, proj, e, kind) == (1, "up", 2, "weight") else blob
 
     write_ktkernel_dir(tmp_path, parts8, 8, mutate=cut)
-    _expect(ref, tmp_path, "AMXINT8", ValueError, "model-00001-of-00002.safetensors",
-            f"blk.{LAYER}.ffn_up_exps.2.numa.1.weight", str(I // 2 * H))
+    _expect(
+        ref,
+        tmp_path,
+        "AMXINT8",
+        ValueError,
+        "model-00001-of-00002.safetensors",
+        f"blk.{LAYER}.ffn_up_exps.2.numa.1.weight",
+        str(I // 2 * H),
+    )
 
 
 def test_st_missing_key(ref, tmp_path, parts8):
     write_ktkernel_dir(tmp_path, parts8, 8, skip={(1, "down", 2, "scale")})
-    _expect(ref, tmp_path, "AMXINT8", ValueError, f"blk.{LAYER}.ffn_down_exps.2.numa.1.scale",
-            "model-00001-of-00002.safetensors")
+    _expect(
+        ref,
+        tmp_path,
+        "AMXINT8",
+        ValueError,
+        f"blk.{LAYER}.ffn_down_exps.2.numa.1.scale",
+        "model-00001-of-00002.safetensors",
+    )
 
 
 def test_st_int4_dir_loaded_as_int8(ref, tmp_path, fp32_weights):
     write_ktkernel_dir(tmp_path, quantize_parts(ref, *fp32_weights, 2, 4), 4)
-    _expect(ref, tmp_path, "AMXINT8", ValueError, f"blk.{LAYER}.ffn_gate_exps.0.numa.0.weight",
-            "expected 16384 bytes")
+    _expect(
+        ref,
+        tmp_path,
+        "AMXINT8",
+        ValueError,
+        f"blk.{LAYER}.ffn_gate_exps.0.numa.0.weight",
+        "expected 16384 bytes",
+    )
 
 
 def test_kt_truncated_file(ref, tmp_path, parts8):
@@ -406,9 +453,15 @@ def test_kt_wrong_size_and_missing(ref, tmp_path, parts8):
     _expect(ref, d1, "AMXINT8", Exception, "INT8_gate_3_", "expert 3 gate")
     d2 = tmp_path / "b"
     write_ktkernel_dir(d2, parts8, 8, mode="kt", skip={(1, "up", 2, "weight")})
-    _expect(ref, d2, "AMXINT8", FileNotFoundError,
-            os.path.join(str(d2), f"_layer_{LAYER}", "_numa_1",
-                         kk.kt_file_name(8, "up", 2, I // 2 * H, "quant")))
+    _expect(
+        ref,
+        d2,
+        "AMXINT8",
+        FileNotFoundError,
+        os.path.join(
+            str(d2), f"_layer_{LAYER}", "_numa_1", kk.kt_file_name(8, "up", 2, I // 2 * H, "quant")
+        ),
+    )
     # a file named for another size
     d3 = tmp_path / "c"
     write_ktkernel_dir(d3, parts8, 8, mode="kt")
@@ -432,8 +485,15 @@ def test_kt_method_mismatch_and_missing_layer(ref, tmp_path, fp32_weights):
 def test_expert_count_and_config_mismatch(ref, tmp_path, parts8):
     few = [{p: (q[:3], s[:3]) for p, (q, s) in part.items()} for part in parts8]
     write_ktkernel_dir(tmp_path, few, 8, split_last_expert=False)
-    _expect(ref, tmp_path, "AMXINT8", ValueError, "3 experts", f"num_experts={E}",
-            f"blk.{LAYER}.ffn_up_exps.3.numa.0.weight")
+    _expect(
+        ref,
+        tmp_path,
+        "AMXINT8",
+        ValueError,
+        "3 experts",
+        f"num_experts={E}",
+        f"blk.{LAYER}.ffn_up_exps.3.numa.0.weight",
+    )
 
 
 def test_moe_int_methods_refuse_amx_layout(ref, tmp_path, parts8):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-
 E, K, H, I = 16, 4, 576, 352
 
 

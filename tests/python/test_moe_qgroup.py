@@ -28,7 +28,9 @@ def make_matrix(g, rows, cols, group, lut, bias):
         codes = torch.tensor(lut, dtype=torch.int8)[idx]
         span = max(abs(v) for v in lut)
     else:
-        codes = torch.randint(-128, 128, (rows, cols), generator=g, dtype=torch.int64).to(torch.int8)
+        codes = torch.randint(-128, 128, (rows, cols), generator=g, dtype=torch.int64).to(
+            torch.int8
+        )
         codes.view(-1)[0], codes.view(-1)[-1] = -128, 127
         span = 128
     scales = (torch.rand(rows, cols // group, generator=g) + 0.5) * (0.05 / span)
@@ -64,8 +66,19 @@ def load(layer, experts):
 
 def make_layer(method, gu_group, down_group, lut, bias, experts, isa="", shard_bounds=()):
     layer = _core.MoELayer(
-        E, K, H, I, method, isa=isa, shard_bounds=list(shard_bounds), gu_group=gu_group,
-        down_group=down_group, gu_bias=bias, down_bias=bias, gu_lut=lut, down_lut=lut,
+        E,
+        K,
+        H,
+        I,
+        method,
+        isa=isa,
+        shard_bounds=list(shard_bounds),
+        gu_group=gu_group,
+        down_group=down_group,
+        gu_bias=bias,
+        down_bias=bias,
+        gu_lut=lut,
+        down_lut=lut,
     )
     load(layer, experts)
     assert layer.loaded
@@ -76,8 +89,14 @@ def forward(layer, x, ids, w, reference=False):
     x = x.to(torch.float32).contiguous()
     out = torch.empty(x.shape[0], H, dtype=torch.float32)
     f = layer.forward_reference if reference else layer.forward
-    f(x.shape[0], x.data_ptr(), ids.data_ptr(), w.to(torch.float32).contiguous().data_ptr(), 0,
-      out.data_ptr())
+    f(
+        x.shape[0],
+        x.data_ptr(),
+        ids.data_ptr(),
+        w.to(torch.float32).contiguous().data_ptr(),
+        0,
+        out.data_ptr(),
+    )
     return out
 
 
@@ -226,8 +245,9 @@ def test_bad_inputs():
     # A code the 4-bit table lacks names the expert, matrix, row and column.
     experts = make_experts(9, 32, 32, Q4_0, False)
     experts[1][0][0][5, 70] = 9
-    layer = _core.MoELayer(E, K, H, I, "LLAMAFILE", gu_group=32, down_group=32, gu_lut=Q4_0,
-                           down_lut=Q4_0)
+    layer = _core.MoELayer(
+        E, K, H, I, "LLAMAFILE", gu_group=32, down_group=32, gu_lut=Q4_0, down_lut=Q4_0
+    )
     with pytest.raises(ValueError, match=r"expert 1 gate: row 5 column 70: code 9"):
         load(layer, experts)
     # Biases handed to a layer built without a bias term.

@@ -11,7 +11,6 @@ one pool within fp32 summation order (BF16), the very bits of the same shards ru
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
@@ -86,8 +85,10 @@ def _run(ref, tmp_path, topology, pools, threads, shards=0):
             continue
         for part in parts.values():
             part["out"] = {
-                T: [torch.tensor(o, dtype=torch.int32).view(torch.float32).view(int(T), H)
-                    for o in outs]
+                T: [
+                    torch.tensor(o, dtype=torch.int32).view(torch.float32).view(int(T), H)
+                    for o in outs
+                ]
                 for T, outs in part["out"].items()
             }
     return res

@@ -72,7 +72,14 @@ def test_queue_errors_raised_at_sync_with_message():
     w = torch.ones(1, K)
     out = torch.zeros(1, H)
     seq = q.submit_forward(
-        layer, 1, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr(), keepalive=(x, ids, w, out)
+        layer,
+        1,
+        x.data_ptr(),
+        ids.data_ptr(),
+        w.data_ptr(),
+        0,
+        out.data_ptr(),
+        keepalive=(x, ids, w, out),
     )
     with pytest.raises(RuntimeError, match="not loaded"):
         q.wait(seq)

@@ -1,8 +1,8 @@
 // oneDNN matmul on MoE expert matrices, as a peer of `kt-jit bench` (a bench tool, not part of the
 // kt-jit library). dst[M,N] = src[M,K] · W[K,N] with W stored as the model stores it ([N][K], tag
-// ba), prepacked once into the layout oneDNN picks (format_tag::any; reorder not timed), then copied
-// into enough buffers that rotating over them streams the weights from DRAM (>= --rotate-mib, by
-// default 4x the L3), as in MoE decode.
+// ba), prepacked once into the layout oneDNN picks (format_tag::any; reorder not timed), then
+// copied into enough buffers that rotating over them streams the weights from DRAM (>=
+// --rotate-mib, by default 4x the L3), as in MoE decode.
 //   bf16: bf16 src x bf16 W -> f32 dst
 //   int8: u8 src x s8 W -> f32 dst with per-N output scales (no zero points; activation
 //         quantization not timed)
@@ -74,16 +74,15 @@ const char* isa_name(cpu_isa isa) {
 }
 
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 struct Args {
   int threads = 1;
   std::vector<std::string> dtypes{"bf16", "int8"};
   std::vector<int64_t> ms{1, 4, 16, 64, 256, 1024};
-  std::vector<std::pair<int64_t, int64_t>> shapes{{768, 2048}, {2048, 768}, {2048, 7168},
-                                                  {7168, 2048}};
+  std::vector<std::pair<int64_t, int64_t>> shapes{
+      {768, 2048}, {2048, 768}, {2048, 7168}, {7168, 2048}};
   double budget_ms = 4000;
   int64_t rotate_bytes = 0;
   int reps = 0;
@@ -108,7 +107,9 @@ std::string format_tag_of(const memory::desc& md) {
   return out;
 }
 
-int default_reps(int64_t m) { return m <= 16 ? 30 : m <= 64 ? 15 : m <= 256 ? 7 : 5; }
+int default_reps(int64_t m) {
+  return m <= 16 ? 30 : m <= 64 ? 15 : m <= 256 ? 7 : 5;
+}
 
 // One weight matrix N×K of one dtype, prepacked and copied `copies` times.
 struct Rotation {
@@ -166,8 +167,10 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (k == "--threads") a.threads = std::max(1, std::atoi(val().c_str()));
-    else if (k == "--dtypes") a.dtypes = split(val(), ',');
+    if (k == "--threads")
+      a.threads = std::max(1, std::atoi(val().c_str()));
+    else if (k == "--dtypes")
+      a.dtypes = split(val(), ',');
     else if (k == "--ms") {
       a.ms.clear();
       for (auto& s : split(val(), ',')) a.ms.push_back(std::atoll(s.c_str()));
@@ -181,10 +184,14 @@ int main(int argc, char** argv) {
         }
         a.shapes.push_back({std::atoll(nk[0].c_str()), std::atoll(nk[1].c_str())});
       }
-    } else if (k == "--budget-ms") a.budget_ms = std::atof(val().c_str());
-    else if (k == "--rotate-mib") a.rotate_bytes = int64_t(std::atof(val().c_str()) * (1 << 20));
-    else if (k == "--reps") a.reps = std::atoi(val().c_str());
-    else if (k == "--wei-tag") a.wei_tag = val();
+    } else if (k == "--budget-ms")
+      a.budget_ms = std::atof(val().c_str());
+    else if (k == "--rotate-mib")
+      a.rotate_bytes = int64_t(std::atof(val().c_str()) * (1 << 20));
+    else if (k == "--reps")
+      a.reps = std::atoi(val().c_str());
+    else if (k == "--wei-tag")
+      a.wei_tag = val();
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
@@ -263,10 +270,10 @@ int main(int argc, char** argv) {
                       rows.empty() ? "" : ",\n", dts.c_str(), (long long)N, (long long)K,
                       (long long)M, med * 1e6, s.front() * 1e6, s.back() * 1e6, n,
                       (long long)wbytes, wbytes / med / 1e9, 2.0 * M * N * K / med / 1e9,
-                      (long long)copies, create_ms, pd.impl_info_str(),
-                      fmt.c_str());
+                      (long long)copies, create_ms, pd.impl_info_str(), fmt.c_str());
         rows += buf;
-        std::fprintf(stderr, "oneDNN %-4s %5lldx%-5lld M=%-5lld %10.1f us %7.2f GB/s %8.1f Gop/s %s\n",
+        std::fprintf(stderr,
+                     "oneDNN %-4s %5lldx%-5lld M=%-5lld %10.1f us %7.2f GB/s %8.1f Gop/s %s\n",
                      dts.c_str(), (long long)N, (long long)K, (long long)M, med * 1e6,
                      wbytes / med / 1e9, 2.0 * M * N * K / med / 1e9, pd.impl_info_str());
       }

@@ -354,9 +354,7 @@ def load_gguf_layer(
                 ptrs = []
                 for p in PROJS:
                     for i in range(3):
-                        ptrs.append(
-                            [0 if d[i] is None else int(d[i].ctypes.data) for d in dec[p]]
-                        )
+                        ptrs.append([0 if d[i] is None else int(d[i].ctypes.data) for d in dec[p]])
                 layer.load_experts_grouped(slots, *ptrs)
                 del dec
                 if bar is not None:

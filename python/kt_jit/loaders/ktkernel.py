@@ -205,8 +205,9 @@ class KtKernelDir:
             probe = _st_key(L, "up", 0, 0, "weight")
             if probe not in self.index:
                 raise self.index.missing(
-                    probe, hint=f" (layer {L}: no kt-kernel AMX expert weights; expected keys "
-                    f"blk.{L}.ffn_{{gate,up,down}}_exps.{{e}}.numa.{{n}}.{{weight,scale}})"
+                    probe,
+                    hint=f" (layer {L}: no kt-kernel AMX expert weights; expected keys "
+                    f"blk.{L}.ffn_{{gate,up,down}}_exps.{{e}}.numa.{{n}}.{{weight,scale}})",
                 )
             tp = 0
             while _st_key(L, "up", 0, tp, "weight") in self.index:
@@ -236,7 +237,8 @@ class KtKernelDir:
                 found = glob.glob(os.path.join(d0, f"{other}_up_0_*Byte_quant_.kt"))
                 hint = (
                     f"; it holds {other} files — the method does not match the directory"
-                    if found else ""
+                    if found
+                    else ""
                 )
                 raise ValueError(
                     f"{d0}: no {KT_PREFIX[bits]}_up_0_*Byte_quant_.kt file (layer {L}, part 0, "
@@ -270,9 +272,7 @@ class KtKernelDir:
                 f"{found[0]}: wrong size for {kind} of {self._where(part, proj, e)}: expected "
                 f"{nbytes} bytes (file {os.path.basename(want)})"
             )
-        raise FileNotFoundError(
-            f"{want}: missing {kind} file of {self._where(part, proj, e)}"
-        )
+        raise FileNotFoundError(f"{want}: missing {kind} file of {self._where(part, proj, e)}")
 
     def check(self, part: int, proj: str, e: int) -> None:
         """Sizes and dtypes of one (part, proj, expert) before reading any data."""
@@ -356,11 +356,13 @@ def method_bits(method: str) -> int:
         )
     if method.startswith("MOE_"):
         raise NotImplementedError(
-            f"load_weights: method {method!r} from a converted directory is not supported: "
-            "kt-kernel's moe_kernel (MOE_INT4/MOE_INT8) stores its own, platform-dependent "
-            "packing (8x32 pack blocks, AOCL/KML reorders), not the AMX layout; convert with "
-            "--quant-method int8/int4 and load with AMXINT8/AMXINT4, or use "
-            "load_weights_from_tensors"
+            f"load_weights: method {method!r} from a kt-kernel converted directory is not "
+            "supported: kt-kernel's moe_kernel (MOE_INT4/MOE_INT8) stores its own, "
+            "platform-dependent packing (8x32 pack blocks, AOCL/KML reorders), not the AMX "
+            "layout, and kt-jit's reference does not specify its bytes (kt-kernel-api.md §3.8); "
+            "convert the Hugging Face checkpoint with `kt-jit convert --method "
+            f"{method}` (kt-jit artifact), or with kt-kernel's --quant-method int8/int4 and load "
+            "with AMXINT8/AMXINT4, or use load_weights_from_tensors"
         )
     return METHOD_BITS[method]
 
@@ -393,8 +395,12 @@ def load_ktkernel_layer(
             missing = (
                 _st_key(layer_idx, "up", kd.num_experts, 0, "weight")
                 if kd.mode == "safetensors"
-                else os.path.join(weight_path, f"_layer_{layer_idx}", "_numa_0",
-                                  f"{KT_PREFIX[bits]}_up_{kd.num_experts}_*Byte_quant_.kt")
+                else os.path.join(
+                    weight_path,
+                    f"_layer_{layer_idx}",
+                    "_numa_0",
+                    f"{KT_PREFIX[bits]}_up_{kd.num_experts}_*Byte_quant_.kt",
+                )
             )
             raise ValueError(
                 f"{weight_path}: layer {layer_idx} has {kd.num_experts} experts, the wrapper "
@@ -406,8 +412,15 @@ def load_ktkernel_layer(
                 f"expects num_experts={E}"
             )
         for proj in PROJS:
-            check_shape(bits, *kd.shape(proj), what=f"{proj} part [I/tp={kd.part_i}, H={H}]"
-                        if proj != "down" else f"down part [H={H}, I/tp={kd.part_i}]")
+            check_shape(
+                bits,
+                *kd.shape(proj),
+                what=(
+                    f"{proj} part [I/tp={kd.part_i}, H={H}]"
+                    if proj != "down"
+                    else f"down part [H={H}, I/tp={kd.part_i}]"
+                ),
+            )
         bounds = kd.shard_bounds()
         if hasattr(layer, "load_experts_quantized"):
             got = list(layer.shard_bounds)
@@ -463,7 +476,14 @@ def load_ktkernel_layer(
     logger.info(
         "layer %d: loaded %d experts x %d NUMA parts from %s (kt-kernel %s, INT%d): "
         "%.1f MB in %.2f s, %.2f GB/s",
-        layer_idx, E, kd.tp, weight_path, kd.mode, bits, nbytes / 1e6, stats["seconds"],
+        layer_idx,
+        E,
+        kd.tp,
+        weight_path,
+        kd.mode,
+        bits,
+        nbytes / 1e6,
+        stats["seconds"],
         stats["gb_per_s"],
     )
     return layer, stats
