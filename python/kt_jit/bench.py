@@ -990,7 +990,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.markdown:
         md = "\n".join(
             [
-                f"# kt-jit MoE benchmark: {shape['name']}",
+                f"# kt-jit MoE benchmark: {shape['name']}, {wname} ({args.method}), "
+                f"{threads} thread(s)",
                 "",
                 f"- machine: {brand} ({os.cpu_count()} CPUs visible, L3 {l3 / 2**20:.1f} MiB)",
                 f"- ISA: {isa}; method {args.method}; threads {threads}",

@@ -18,17 +18,13 @@ _others = [
     if _os.path.abspath(p or _os.getcwd()) != _here and _os.path.isdir(p or _os.getcwd())
 ]
 _real = _machinery.PathFinder.find_spec("kt_kernel", _others)
-if (
-    _real is not None
-    and _real.origin
-    and not _os.path.exists(_os.path.join(_os.path.dirname(_real.origin), "KT_JIT_ALIAS"))
+if _real is not None and _real.origin and not _os.path.exists(
+    _os.path.join(_os.path.dirname(_real.origin), "KT_JIT_ALIAS")
 ):
     raise ImportError(
         "kt_kernel: a real kt-kernel is installed at "
         + _os.path.dirname(_real.origin)
-        + "; kt-jit's alias ("
-        + _os.path.dirname(_os.path.abspath(__file__))
-        + ") refuses to "
+        + "; kt-jit's alias (" + _os.path.dirname(_os.path.abspath(__file__)) + ") refuses to "
         "shadow it. Remove the alias (python -m kt_jit.alias uninstall, or drop it from "
         "PYTHONPATH) or uninstall kt-kernel."
     )
