@@ -8,6 +8,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "formats/convert.hpp"
 #include "formats/mx.hpp"
 
 namespace ktjit {
@@ -31,53 +32,13 @@ int64_t unaliased_stride(int64_t row_bytes) {
   return s % 1024 == 0 ? s + 64 : s;
 }
 
-float bf16_to_f32(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16;
-  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-  if (exp == 0) {
-    if (man == 0) {
-      u = sign;
-    } else {  // subnormal: renormalise
-      int e = -1;
-      do {
-        ++e;
-        man <<= 1;
-      } while (!(man & 0x400));
-      u = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
-    }
-  } else if (exp == 0x1f) {
-    u = sign | 0x7f800000u | man << 13;
-  } else {
-    u = sign | (exp + 127 - 15) << 23 | man << 13;
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
+// n elements of row data starting `offset` elements into src, widened to fp32.
 void to_f32(const void* src, SourceDType dt, int64_t offset, int64_t n, float* dst) {
-  switch (dt) {
-    case SourceDType::f32:
-      std::memcpy(dst, static_cast<const float*>(src) + offset, size_t(n) * 4);
-      break;
-    case SourceDType::bf16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
-      break;
-    }
-    case SourceDType::f16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
-      break;
-    }
-  }
+  const size_t esz = dt == SourceDType::f32 ? 4 : 2;
+  const formats::FloatType t = dt == SourceDType::f32    ? formats::FloatType::f32
+                               : dt == SourceDType::bf16 ? formats::FloatType::bf16
+                                                         : formats::FloatType::f16;
+  formats::to_f32(static_cast<const char*>(src) + size_t(offset) * esz, t, n, dst);
 }
 
 }  // namespace
