@@ -447,6 +447,8 @@ PYBIND11_MODULE(_core, m) {
         d["peak_maddubsw_gops"] = l.peak_maddubsw_gops;
         d["peak_fma_gflops"] = l.peak_fma_gflops;
         d["peak_bf16_gflops"] = l.peak_bf16_gflops;
+        d["peak_amx_int8_gops"] = l.peak_amx_int8_gops;
+        d["peak_amx_bf16_gflops"] = l.peak_amx_bf16_gflops;
         return d;
       },
       "Measures the machine's read bandwidth and instruction peaks (takes a few seconds).");

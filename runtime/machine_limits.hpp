@@ -27,10 +27,12 @@ double measure_peak_gops(IsaLevel isa, uint8_t op, int reps = 7);
 
 struct MachineLimits {
   double read_gbs_1t = 0, read_gbs_2t = 0;
-  double peak_vnni_gops = 0;      // vpdpbusd
-  double peak_maddubsw_gops = 0;  // vpmaddubsw + vpmaddwd + vpaddd
-  double peak_fma_gflops = 0;     // vfmadd231ps
-  double peak_bf16_gflops = 0;    // vdpbf16ps
+  double peak_vnni_gops = 0;        // vpdpbusd
+  double peak_maddubsw_gops = 0;    // vpmaddubsw + vpmaddwd + vpaddd
+  double peak_fma_gflops = 0;       // vfmadd231ps
+  double peak_bf16_gflops = 0;      // vdpbf16ps
+  double peak_amx_int8_gops = 0;    // tdpbusd (isa amx only)
+  double peak_amx_bf16_gflops = 0;  // tdpbf16ps (isa amx only)
 };
 
 // All of the above at `isa` (ops the ISA lacks are 0; read_gbs_2t is 0 on a 1-CPU machine).

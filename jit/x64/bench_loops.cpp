@@ -3,6 +3,8 @@
 // Peak loop   void fn(int64_t iterations)            rdi = iterations
 //   Each iteration runs kRepeat copies of a block of independent accumulator chains, so the only
 //   dependency is one chain per accumulator (enough chains to cover the latency of every op).
+//   AMX ops: 4 accumulator tiles (tmm0-3) fed by 2 A tiles x 2 B tiles loaded once (tmm4-7), all
+//   16 rows x 64 bytes, so every tile multiply is the full 16x16 block; tiles released at the end.
 // Read stream void fn(const void* buf, int64_t bytes)  rdi = buf, rsi = bytes (multiple of 1 KiB)
 //   ymm loads at every ISA level (fastest on Zen 4 even where zmm is available), folded into
 //   8 accumulators with vpaddd so no load is dead.
@@ -27,20 +29,24 @@ const char* op_name(PeakOp op) {
     case PeakOp::maddubsw: return "maddubsw";
     case PeakOp::fma_f32: return "fma_f32";
     case PeakOp::dpbf16: return "dpbf16";
+    case PeakOp::tdpbusd: return "tdpbusd";
+    case PeakOp::tdpbf16ps: return "tdpbf16ps";
   }
   return "?";
 }
 
 // Validates (key.isa, variant); throws std::invalid_argument for combinations the ISA lacks.
 PeakOp checked_op(const KernelKey& key) {
-  if (key.variant > uint8_t(PeakOp::dpbf16))
+  if (key.variant > uint8_t(PeakOp::tdpbf16ps))
     throw std::invalid_argument("peak_loop: unknown variant " + std::to_string(key.variant));
   const PeakOp op = PeakOp(key.variant);
   const int lvl = int(key.isa);
   int need = int(IsaLevel::avx2);
   if (op == PeakOp::vpdpbusd) need = int(IsaLevel::avx512_vnni);
   if (op == PeakOp::dpbf16) need = int(IsaLevel::avx512_bf16);
-  if (key.isa == IsaLevel::ref || lvl < need)
+  const bool amx_op = op == PeakOp::tdpbusd || op == PeakOp::tdpbf16ps;
+  if (amx_op) need = int(IsaLevel::amx);
+  if (key.isa == IsaLevel::ref || lvl < need || isa_is_neon(key.isa) || (amx_op && lvl != need))
     throw std::invalid_argument(std::string("peak_loop: ") + op_name(op) +
                                 " is not available at isa " + isa_name(key.isa));
   return op;
@@ -76,7 +82,52 @@ class PeakLoopGenerator : public JitGenerator {
       vmovdqu(Ymm(i), ptr[rip + l]);
   }
 
+  bool amx_op() const { return op_ == PeakOp::tdpbusd || op_ == PeakOp::tdpbf16ps; }
+
+  // Tile multiplies: tmm0-3 += {tmm4, tmm5} x {tmm6, tmm7}, kRepeat blocks per iteration.
+  void generate_amx() {
+    Label cfg, data, loop, done;
+    test(rdi, rdi);
+    jle(done, T_NEAR);
+    ldtilecfg(ptr[rip + cfg]);
+    lea(rax, ptr[rip + data]);
+    mov(rcx, 64);
+    for (int t = 4; t < 8; ++t) tileloadd(Tmm(t), ptr[rax + rcx]);
+    for (int t = 0; t < 4; ++t) tilezero(Tmm(t));
+    align(32);
+    L(loop);
+    for (int r = 0; r < kRepeat; ++r) {
+      for (int c = 0; c < 4; ++c) {
+        const Tmm acc(c), a(4 + c / 2), b(6 + c % 2);
+        if (op_ == PeakOp::tdpbusd)
+          tdpbusd(acc, a, b);
+        else
+          tdpbf16ps(acc, a, b);
+      }
+    }
+    dec(rdi);
+    jnz(loop, T_NEAR);
+    tilerelease();
+    L(done);
+    ret();
+
+    // Palette 1, every tile 16 rows x 64 bytes.
+    align(64);
+    L(cfg);
+    db(1);
+    for (int i = 1; i < 16; ++i) db(0);
+    for (int t = 0; t < 8; ++t) dw(64);
+    for (int i = 0; i < 16; ++i) db(0);
+    for (int t = 0; t < 8; ++t) db(16);
+    for (int i = 0; i < 8; ++i) db(0);
+    // One 16 x 64-byte tile of sources (small int8 bytes / bf16 pairs of 1.0; no denormals).
+    align(64);
+    L(data);
+    for (int i = 0; i < 256; ++i) dd(op_ == PeakOp::tdpbusd ? 0x01020304u : 0x3f803f80u);
+  }
+
   void generate() {
+    if (amx_op()) return generate_amx();
     Label lconst_a, lconst_b, loop, done;
     const int n = chains(op_, isa());
     const int srcA = num_vregs() - 1, srcB = num_vregs() - 2, srcC = num_vregs() - 3;
@@ -101,6 +152,8 @@ class PeakLoopGenerator : public JitGenerator {
           case PeakOp::vpdpbusd: vpdpbusd(acc, a, b, EvexEncoding); break;
           case PeakOp::fma_f32: vfmadd231ps(acc, a, b); break;
           case PeakOp::dpbf16: vdpbf16ps(acc, a, b); break;
+          case PeakOp::tdpbusd:
+          case PeakOp::tdpbf16ps: break;  // generate_amx()
           case PeakOp::maddubsw: {
             const Xmm t = vreg(n + i);
             vpmaddubsw(t, a, b);
@@ -133,6 +186,8 @@ class PeakLoopGenerator : public JitGenerator {
         a_bits = 0x3f803f80u;
         b_bits = 0x3f803f80u;
         break;
+      case PeakOp::tdpbusd:
+      case PeakOp::tdpbf16ps: break;  // generate_amx()
     }
     emit_const32(lconst_a, a_bits);
     emit_const32(lconst_b, b_bits);
@@ -191,10 +246,12 @@ double peak_ops_per_iteration(const KernelKey& key) {
   const int vbytes = is_zmm(key.isa) ? 64 : 32;
   double per_instr = 0;  // ops (2 per multiply-accumulate) per chain step
   switch (op) {
-    case PeakOp::vpdpbusd: per_instr = 2.0 * vbytes; break;       // one MAC per byte
-    case PeakOp::maddubsw: per_instr = 2.0 * vbytes; break;       // same work in 3 instructions
-    case PeakOp::fma_f32: per_instr = 2.0 * (vbytes / 4); break;  // one MAC per fp32 lane
-    case PeakOp::dpbf16: per_instr = 2.0 * (vbytes / 2); break;   // one MAC per bf16 element
+    case PeakOp::vpdpbusd: per_instr = 2.0 * vbytes; break;         // one MAC per byte
+    case PeakOp::maddubsw: per_instr = 2.0 * vbytes; break;         // same work in 3 instructions
+    case PeakOp::fma_f32: per_instr = 2.0 * (vbytes / 4); break;    // one MAC per fp32 lane
+    case PeakOp::dpbf16: per_instr = 2.0 * (vbytes / 2); break;     // one MAC per bf16 element
+    case PeakOp::tdpbusd: return 2.0 * 16 * 16 * 64 * 4 * kRepeat;  // 4 tile multiplies a block
+    case PeakOp::tdpbf16ps: return 2.0 * 16 * 16 * 32 * 4 * kRepeat;
   }
   return per_instr * chains(op, key.isa) * kRepeat;
 }

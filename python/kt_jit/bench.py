@@ -539,6 +539,11 @@ def _markdown_table(results: List[Dict]) -> str:
     return "\n".join(lines)
 
 
+#: Methods whose prefill runs on AMX tiles at isa amx (runtime/moe_layer.cpp's kernel choice).
+AMX_INT8_METHODS = ("AMXINT8", "MOE_INT8")
+AMX_BF16_METHODS = ("BF16",)
+
+
 def _limits_lines(lim: Dict, read_bw: float, peak: float, peak_name: str, threads: int) -> str:
     return "\n".join(
         [
@@ -547,7 +552,13 @@ def _limits_lines(lim: Dict, read_bw: float, peak: float, peak_name: str, thread
             f"- peaks per core: vpdpbusd {_fmt(lim.get('peak_vnni_gops', 0))} Gop/s, "
             f"vpmaddubsw+vpmaddwd+vpaddd {_fmt(lim.get('peak_maddubsw_gops', 0))} Gop/s, "
             f"FMA fp32 {_fmt(lim.get('peak_fma_gflops', 0))} GFLOP/s, "
-            f"vdpbf16ps {_fmt(lim.get('peak_bf16_gflops', 0))} GFLOP/s",
+            f"vdpbf16ps {_fmt(lim.get('peak_bf16_gflops', 0))} GFLOP/s"
+            + (
+                f", tdpbusd {_fmt(lim['peak_amx_int8_gops'])} Gop/s, "
+                f"tdpbf16ps {_fmt(lim.get('peak_amx_bf16_gflops', 0))} GFLOP/s"
+                if lim.get("peak_amx_int8_gops")
+                else ""
+            ),
             f"- roof% uses read bandwidth {_fmt(read_bw, 2)} GB/s and {peak_name} peak "
             f"{_fmt(peak)} Gop/s ({threads} thread{'s' if threads != 1 else ''})",
         ]
@@ -766,6 +777,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         peak_name = "vpdpbusd" if vnni else "vpmaddubsw"
         peak_key = "peak_vnni_gops" if vnni else "peak_maddubsw_gops"
+    # At isa amx the prefill tiles of experts with >= 16 rows run on AMX: their roof is the tile
+    # unit's peak (AMX-INT8 for the per-row int8 formats, AMX-BF16 for BF16).
+    if isa == "amx" and args.method in AMX_INT8_METHODS and lim.get("peak_amx_int8_gops"):
+        peak_name, peak_key = "tdpbusd", "peak_amx_int8_gops"
+    elif isa == "amx" and args.method in AMX_BF16_METHODS and lim.get("peak_amx_bf16_gflops"):
+        peak_name, peak_key = "tdpbf16ps", "peak_amx_bf16_gflops"
     peak_core = float(lim.get(peak_key, 0.0))
     peak = peak_core * threads
     print(_limits_lines(lim, read_bw, peak, peak_name, threads), flush=True)

@@ -17,7 +17,8 @@ using x64::PeakOp;
 
 const IsaLevel kX86Levels[] = {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni,
                                IsaLevel::avx512_bf16, IsaLevel::amx};
-const PeakOp kOps[] = {PeakOp::vpdpbusd, PeakOp::maddubsw, PeakOp::fma_f32, PeakOp::dpbf16};
+const PeakOp kOps[] = {PeakOp::vpdpbusd, PeakOp::maddubsw, PeakOp::fma_f32,
+                       PeakOp::dpbf16,   PeakOp::tdpbusd,  PeakOp::tdpbf16ps};
 
 KernelKey peak_key(IsaLevel isa, PeakOp op) {
   KernelKey k;
@@ -40,6 +41,8 @@ bool op_valid(IsaLevel isa, PeakOp op) {
   switch (op) {
     case PeakOp::vpdpbusd: return int(isa) >= int(IsaLevel::avx512_vnni);
     case PeakOp::dpbf16: return int(isa) >= int(IsaLevel::avx512_bf16);
+    case PeakOp::tdpbusd:
+    case PeakOp::tdpbf16ps: return isa == IsaLevel::amx;
     default: return int(isa) >= int(IsaLevel::avx2);
   }
 }
