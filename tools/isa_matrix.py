@@ -16,14 +16,21 @@ verified on the machine that ran the script. Produced from test runs, not by han
   and the real kernels ran with each tile instruction trapped (SIGILL) and executed on the software
   tile model, equal to the C++ reference bit for bit (tests/cpp/test_amx.cpp).
 - "not supported": no generator for the level yet.
+- "native on <machine>": the level did not run here, but this same script ran on that machine
+  (e.g. a lent Xeon with AMX) with `--json`, found the level runnable there and its self-test equal
+  bit for bit; that run's JSON report is committed under docs/evidence/ and merged with `--merge`.
+  For amx the cell also says whether the C++ AMX suite (tests/cpp/test_amx.cpp, which runs the
+  kernels natively, without the trap, on AMX hardware) passed there.
 
     python tools/isa_matrix.py [--build build] [--build-aarch64 build-aarch64] [--out docs/ISA_MATRIX.md]
+                               [--json REPORT.json] [--merge docs/evidence/REPORT.json ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import shutil
 import subprocess
@@ -101,6 +108,13 @@ def main(argv=None) -> int:
     ap.add_argument("--build", default="build")
     ap.add_argument("--build-aarch64", default="build-aarch64")
     ap.add_argument("--out", default="docs/ISA_MATRIX.md")
+    ap.add_argument("--json", help="also write this run's cells as a JSON report")
+    ap.add_argument(
+        "--merge",
+        action="append",
+        default=[],
+        help="a JSON report from another machine: its native cells fill levels not runnable here",
+    )
     args = ap.parse_args(argv)
 
     from kt_jit import _core
@@ -110,7 +124,8 @@ def main(argv=None) -> int:
     runnable = set(_core.runnable_isas())
     emulated_avx2 = _haswell_sweep(args.build)
     emulated_neon = _aarch64_sweeps(args.build_aarch64)
-    amx_checked = "amx" not in runnable and _amx_suite(args.build)
+    amx_suite = _amx_suite(args.build)
+    amx_checked = "amx" not in runnable and amx_suite
     rows = []
     failures = 0
     for method in methods:
@@ -123,6 +138,15 @@ def main(argv=None) -> int:
                     problem = f"self-test error: {e}"
                 failures += bool(problem)
                 cell = "native" if not problem else f"FAILED: {problem}"
+                if level == "amx" and not problem:
+                    ks = _core.dump_kernels(method, 8, 2, 128, 80, level)
+                    if not any("_amx_" in k["name"] for k in ks):
+                        cell += " (avx512_bf16 kernels; no AMX generator for this format)"
+                    elif amx_suite:
+                        cell += " + C++ AMX suite natively"
+                    else:
+                        cell += " (C++ AMX suite failed)"
+                        failures += 1
                 if level == "avx2" and emulated_avx2:
                     cell += " + emulated"
             elif level == "avx2" and emulated_avx2:
@@ -161,6 +185,31 @@ def main(argv=None) -> int:
 
     feats = _core.cpu_features()
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    all_levels = LEVELS + NEON_LEVELS
+    if args.json:
+        report = {
+            "machine": feats.get("brand", "?"),
+            "isa": _core.isa(),
+            "date": date,
+            "cells": {m: dict(zip(all_levels, c)) for m, c in rows},
+        }
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    merged = []
+    for path in args.merge:
+        with open(path) as f:
+            rep = json.load(f)
+        merged.append(rep)
+        for method, cells in rows:
+            theirs = rep["cells"].get(method, {})
+            for i, level in enumerate(all_levels):
+                t = theirs.get(level, "")
+                if t.startswith("native") and not cells[i].startswith("native"):
+                    how = t[len("native") :].split(" + emulated")[0]
+                    cells[i] = (
+                        f"native on {rep['machine']} ({rep['date'][:10]}{how}; "
+                        f"{os.path.basename(path)}); here: {cells[i]}"
+                    )
     lines = [
         "# ISA matrix",
         "",
@@ -173,10 +222,20 @@ def main(argv=None) -> int:
         "**encoding-checked, tile-model-verified** = AMX tile instructions equal objdump's listing "
         "and the kernels ran with every tile instruction executed by the software tile model, "
         "bit for bit equal to the reference; "
-        "**not supported** = no generator yet.",
+        "**not supported** = no generator yet; "
+        "**native on M** = this script ran on machine M (its JSON report is in docs/evidence/), "
+        "where the level runs, and the self-test (and for amx the C++ AMX suite, natively) passed "
+        "there.",
         "",
         f"- machine: {feats.get('brand', '?')}, selected ISA {_core.isa()}",
         f"- date: {date}",
+    ]
+    for rep in merged:
+        lines.append(
+            f"- merged: the native cells of a run on {rep['machine']} (selected ISA {rep['isa']}), "
+            f"{rep['date']}"
+        )
+    lines += [
         "",
         "| method | " + " | ".join(LEVELS + NEON_LEVELS) + " |",
         "|---|" + "---|" * len(LEVELS + NEON_LEVELS),
