@@ -51,4 +51,23 @@ void to_f32(const void* src, FloatType t, int64_t n, float* dst) {
   }
 }
 
+uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65536: infinity
+  if (a < 0x38800000u) {                                  // below 2^-14: fp16 subnormal or zero
+    if (a < 0x33000000u) return sign;                     // below half the smallest subnormal
+    const uint32_t m = (a & 0x7fffffu) | 0x800000u;       // 24-bit significand
+    const int shift = 126 - int(a >> 23);                 // 14..24 (to units of 2^-24)
+    const uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    return uint16_t(sign | (q + (rem > half || (rem == half && (q & 1)))));
+  }
+  const uint32_t m = a - 0x38000000u;  // rebias the exponent (127 -> 15), 13 extra mantissa bits
+  const uint32_t q = m >> 13, rem = m & 0x1fffu;
+  return uint16_t(sign | (q + (rem > 0x1000u || (rem == 0x1000u && (q & 1)))));
+}
+
 }  // namespace ktjit::formats

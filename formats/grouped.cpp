@@ -100,6 +100,45 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
   }
 }
 
+void unpack_qgroup_row(const StripLayout& l, const GroupedSpec& spec, const uint8_t* packed,
+                       bool flip, int src, int64_t row, int64_t k0, int64_t k1, int8_t* codes,
+                       float* scales, float* biases) {
+  const int64_t G = spec.group;
+  if (k0 < 0 || k1 > l.k || k0 > k1 || k0 % G != 0 || k1 % G != 0)
+    throw std::invalid_argument("unpack_qgroup_row: columns [" + std::to_string(k0) + ", " +
+                                std::to_string(k1) + ") are not whole groups of " +
+                                std::to_string(G) + " within K = " + std::to_string(l.k));
+  int64_t strip;
+  int col, cols;
+  packed_column_of(l, src, row, &strip, &col, &cols);
+  const bool nib = spec.code_bits == 4;
+  const int64_t code_bytes = l.g_steps * cols * 4 * l.bits / 8;
+  const int64_t group_bytes = code_bytes + cols * l.group_extra;
+  const uint8_t fx = flip ? 0x80 : 0;
+  for (int64_t g = k0 / G; g < k1 / G; ++g) {
+    const uint8_t* gb = packed + l.strip_offset(strip) + g * group_bytes;
+    for (int64_t st = 0; st < l.g_steps; ++st)
+      for (int q = 0; q < 4; ++q) {
+        const int64_t k = (g * l.g_steps + st) * 4 + q;
+        int8_t code;
+        if (nib) {
+          const uint8_t b = gb[(st / 2) * cols * 4 + col * 4 + q];
+          code = spec.lut[(st % 2 ? b >> 4 : b) & 15];
+        } else {
+          code = int8_t(gb[st * cols * 4 + col * 4 + q] ^ fx);
+        }
+        codes[k - k0] = code;
+      }
+    std::memcpy(scales + (g - k0 / G), gb + code_bytes + col * 4, 4);
+    if (biases) {
+      if (spec.bias)
+        std::memcpy(biases + (g - k0 / G), gb + code_bytes + (cols + col) * 4, 4);
+      else
+        biases[g - k0 / G] = 0.0f;
+    }
+  }
+}
+
 std::vector<int64_t> qgroup_shard_bounds(int64_t I, int64_t group, int shards) {
   if (group <= 0 || I <= 0 || I % group != 0)
     throw std::invalid_argument("qgroup_shard_bounds: I = " + std::to_string(I) +

@@ -64,6 +64,13 @@ struct GroupedSlice {
 void pack_qgroup_strips(const StripLayout& layout, const GroupedSpec& spec, const GroupedSlice* src,
                         bool flip, int8_t* out);
 
+// Inverse of pack_qgroup_strips for one row: row `row` of source `src`, columns [k0, k1) (whole
+// groups) of a pack made with `spec` and `flip`: the codes (int8, k1 - k0 of them), the group
+// scales ((k1 - k0) / group) and, when `biases` is not null, the group biases.
+void unpack_qgroup_row(const StripLayout& layout, const GroupedSpec& spec, const uint8_t* packed,
+                       bool flip, int src, int64_t row, int64_t k0, int64_t k1, int8_t* codes,
+                       float* scales, float* biases);
+
 // The 16-entry table the nibble kernels take (XOR 0x80 when flip).
 void qgroup_kernel_lut(const GroupedSpec& spec, bool flip, int8_t out[16]);
 

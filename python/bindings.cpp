@@ -342,8 +342,15 @@ PYBIND11_MODULE(_core, m) {
           py::arg("slot"), py::arg("tp"), py::arg("rank"), py::arg("w13_ptr"),
           py::arg("w13_scale_ptr"), py::arg("w2_ptr"), py::arg("w2_scale_ptr"),
           "Writes one expert in its checkpoint encoding for GPU rank `rank` of `tp` (BF16, FP8, "
-          "FP8_PERCHANNEL): w13 = [gate; up] rows of the rank's I slice, w2 = down's column "
-          "slice, scales alike.")
+          "FP8_PERCHANNEL, MXFP4, MXFP8, RAWINT4, GPTQ_INT4) into host memory: w13 = [gate; up] "
+          "rows of the rank's I slice, w2 = down's column slice, scales alike.")
+      .def(
+          "write_expert_bytes",
+          [](const PyMoELayer& self, int tp) {
+            const auto b = self.layer->write_expert_bytes(tp);
+            return py::make_tuple(b[0], b[1], b[2], b[3]);
+          },
+          py::arg("tp"), "Bytes write_expert writes through (w13, w13_scale, w2, w2_scale).")
       .def(
           "load_from_float",
           [](PyMoELayer& self, uintptr_t gate, uintptr_t up, uintptr_t down,

@@ -3,10 +3,14 @@
 // single-threaded (the loader runs them in its prefetch thread while the pool packs the previous
 // batch). Buffers arrive as data pointers; the loader checks shapes and dtypes.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "formats/convert.hpp"
 
 namespace py = pybind11;
 
@@ -53,6 +57,15 @@ void decode_gptq(const uint32_t* src, int64_t n, int64_t k, int8_t* codes) {
 }  // namespace
 
 void register_int4(py::module_& m) {
+  m.def(
+      "f32_to_f16_bits",
+      [](const std::vector<float>& x) {
+        std::vector<uint16_t> out(x.size());
+        for (size_t i = 0; i < x.size(); ++i) out[i] = formats::f32_to_f16(x[i]);
+        return out;
+      },
+      py::arg("values"),
+      "fp16 bit patterns (RNE) of fp32 values: the conversion GPTQ_INT4 write-back uses.");
   m.def(
       "int4_decode_rows",
       [](uintptr_t src, int64_t n, int64_t k, uintptr_t codes) {

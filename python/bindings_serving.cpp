@@ -209,6 +209,22 @@ void register_serving(py::module_& m) {
       "The CUDA runtime library the stream bridge uses, or None (see cuda_runtime_error()).");
   m.def("cuda_runtime_error", &CudaRuntime::load_error);
   m.def(
+      "cuda_is_device_pointer",
+      [](uintptr_t p) {
+        CudaRuntime* rt = CudaRuntime::get();
+        return rt && rt->is_device_pointer(reinterpret_cast<const void*>(p));
+      },
+      py::arg("ptr"), "Whether ptr is CUDA device memory (False without a runtime or a device).");
+  m.def(
+      "cuda_memcpy",
+      [](uintptr_t dst, uintptr_t src, size_t bytes) {
+        CudaRuntime& rt = cuda_runtime();
+        py::gil_scoped_release release;
+        rt.memcpy_default(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+      },
+      py::arg("dst"), py::arg("src"), py::arg("bytes"),
+      "cudaMemcpy(dst, src, bytes, cudaMemcpyDefault).");
+  m.def(
       "cuda_stream_synchronize",
       [](uintptr_t stream) {
         CudaRuntime& rt = cuda_runtime();

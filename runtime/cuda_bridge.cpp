@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -48,6 +49,9 @@ CudaRuntime* CudaRuntime::get() {
     rt->launch_ = reinterpret_cast<LaunchHostFunc>(dlsym(h, "cudaLaunchHostFunc"));
     rt->sync_ = reinterpret_cast<StreamSync>(dlsym(h, "cudaStreamSynchronize"));
     rt->error_string_ = reinterpret_cast<ErrorString>(dlsym(h, "cudaGetErrorString"));
+    rt->attributes_ = reinterpret_cast<PointerAttributes>(dlsym(h, "cudaPointerGetAttributes"));
+    rt->memcpy_ = reinterpret_cast<Memcpy>(dlsym(h, "cudaMemcpy"));
+    rt->last_error_ = reinterpret_cast<GetLastError>(dlsym(h, "cudaGetLastError"));
     if (!rt->launch_ || !rt->sync_ || !rt->error_string_) {
       g_error = path + " lacks cudaLaunchHostFunc / cudaStreamSynchronize / cudaGetErrorString";
       delete rt;
@@ -75,6 +79,25 @@ void CudaRuntime::launch_host_func(void* stream, HostFn fn, void* data) const {
 
 void CudaRuntime::stream_synchronize(void* stream) const {
   check(sync_(stream), "cudaStreamSynchronize");
+}
+
+bool CudaRuntime::is_device_pointer(const void* p) const {
+  if (!attributes_ || !p) return false;
+  // struct cudaPointerAttributes (CUDA >= 11): {cudaMemoryType type; int device;
+  // void* devicePointer; void* hostPointer;}; room to spare for later additions.
+  alignas(8) unsigned char attr[256] = {};
+  if (attributes_(attr, p) != 0) {
+    if (last_error_) last_error_();  // clear the sticky "last error" the failed query left
+    return false;
+  }
+  int type;
+  std::memcpy(&type, attr, sizeof(type));
+  return type == 2;  // cudaMemoryTypeDevice (1 host/pinned, 3 managed: host-writable)
+}
+
+void CudaRuntime::memcpy_default(void* dst, const void* src, size_t bytes) const {
+  if (!memcpy_) throw std::runtime_error(path_ + " lacks cudaMemcpy");
+  check(memcpy_(dst, src, bytes, 4 /* cudaMemcpyDefault */), "cudaMemcpy");
 }
 
 }  // namespace ktjit

@@ -6,6 +6,7 @@
 // process has already loaded (torch's), else libcudart.so.13 / .12 / .11.0 / libcudart.so.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace ktjit {
@@ -21,6 +22,12 @@ class CudaRuntime {
   // the runtime's message on failure. Legal while the stream is being captured into a graph.
   void launch_host_func(void* stream, HostFn fn, void* data) const;
   void stream_synchronize(void* stream) const;
+  // Whether `p` is device memory the host cannot write (cudaPointerGetAttributes says
+  // cudaMemoryTypeDevice). False for host, pinned, managed or unknown memory, and when the
+  // runtime lacks the call or cannot answer (no device): then the pointer is treated as host.
+  bool is_device_pointer(const void* p) const;
+  // cudaMemcpy(dst, src, bytes, cudaMemcpyDefault): any direction, synchronous for the host.
+  void memcpy_default(void* dst, const void* src, size_t bytes) const;
   const std::string& path() const { return path_; }
 
  private:
@@ -32,6 +39,12 @@ class CudaRuntime {
   LaunchHostFunc launch_ = nullptr;
   StreamSync sync_ = nullptr;
   ErrorString error_string_ = nullptr;
+  using PointerAttributes = int (*)(void*, const void*);
+  using Memcpy = int (*)(void*, const void*, size_t, int);
+  using GetLastError = int (*)();
+  PointerAttributes attributes_ = nullptr;  // optional (stand-in runtimes may lack them)
+  Memcpy memcpy_ = nullptr;
+  GetLastError last_error_ = nullptr;
   std::string path_;
 };
 

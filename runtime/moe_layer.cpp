@@ -1082,9 +1082,114 @@ void MoELayer::write_expert_mx(int64_t slot, int tp, int rank, uint8_t* w13, uin
   }
 }
 
+void MoELayer::check_write_args(int64_t slot, int tp, int rank, int64_t multiple) const {
+  const int64_t E = shape_.experts, I = shape_.intermediate;
+  if (!loaded_) throw std::runtime_error("write_weight_scale_to_buffer: weights are not loaded");
+  if (slot < 0 || slot >= E)
+    throw std::invalid_argument("expert_id: expected a value in [0, " + std::to_string(E) +
+                                "), got " + std::to_string(slot));
+  if (tp < 1 || I % tp != 0 || (I / tp) % multiple != 0)
+    throw std::invalid_argument("gpu_tp_count: " + method_ + " needs I / gpu_tp_count to be a " +
+                                "multiple of " + std::to_string(multiple) +
+                                " (I = " + std::to_string(I) + "), got " + std::to_string(tp));
+  if (rank < 0 || rank >= tp)
+    throw std::invalid_argument("rank: expected a value in [0, " + std::to_string(tp) + ")");
+}
+
+// RAWINT4 / GPTQ_INT4: the codes and fp32 group scales come back out of the qgroup strips
+// (formats::unpack_qgroup_row) and are re-encoded as the checkpoint stored them.
+void MoELayer::write_expert_qgroup(int64_t slot, int tp, int rank, uint8_t* w13,
+                                   uint16_t* w13_scale, uint8_t* w2, uint16_t* w2_scale) const {
+  const bool gptq = method_ == "GPTQ_INT4";
+  if (!gptq && method_ != "RAWINT4")
+    throw std::invalid_argument("write_weight_scale_to_buffer: method " + method_ +
+                                " keeps GGUF blocks, which have no GPU buffer encoding in "
+                                "kt-kernel's contract (supported: RAWINT4, GPTQ_INT4 among the "
+                                "k-group methods)");
+  const int64_t gd = qg_down_.group, gg = qg_gu_.group;
+  check_write_args(slot, tp, rank, gptq ? std::max<int64_t>(gd, 8) : gd);
+  if (!w13_scale || !w2_scale)
+    throw std::invalid_argument("write_weight_scale_to_buffer: " + method_ +
+                                " needs scale pointers");
+  const int64_t H = shape_.hidden, I = shape_.intermediate;
+  const int64_t ir = I / tp, i0 = int64_t(rank) * ir, i1 = i0 + ir;
+  const bool flip = qgroup_flip_codes(isa_);
+  auto scale_bits = [&](float f) {
+    return gptq ? formats::f32_to_f16(f) : formats::f32_to_bf16(f);
+  };
+  std::vector<int8_t> codes(size_t(std::max(H, I)));
+  std::vector<float> sc(size_t(std::max(H, I)));
+  // One matrix row (n = output feature `o` of `n_out`) of codes [k0, k1) whose first element
+  // lands at input index `kout` of the written matrix (K_out inputs per row).
+  auto put = [&](uint8_t* wout, uint16_t* sout, int64_t o, int64_t n_out, int64_t kout,
+                 int64_t k_out, int64_t len, int64_t group) {
+    for (int64_t k = 0; k < len; ++k) {
+      const uint8_t nib = uint8_t(codes[size_t(k)] + 8);
+      const int64_t kk = kout + k;
+      // RAWINT4: row-major [n, K/2] bytes; GPTQ: int32 [K/8, n], nibble kk % 8 of word kk / 8.
+      const int64_t byte =
+          gptq ? ((kk / 8) * n_out + o) * 4 + (kk % 8) / 2 : o * (k_out / 2) + kk / 2;
+      const int shift = (kk % 2) * 4;
+      wout[byte] = uint8_t((wout[byte] & ~(0xF << shift)) | (nib << shift));
+    }
+    for (int64_t g = 0; g < len / group; ++g) {
+      const int64_t gg_out = kout / group + g;
+      sout[gptq ? gg_out * n_out + o : o * (k_out / group) + gg_out] = scale_bits(sc[size_t(g)]);
+    }
+  };
+  for (const Shard& sh : shards_) {
+    const int64_t a = std::max(i0, sh.i_begin), b = std::min(i1, sh.i_end);
+    if (a >= b) continue;
+    const uint8_t* wb = sh.weights.as<uint8_t>() + slot * sh.expert_bytes;
+    for (int src = 0; src < 2; ++src)  // gate rows, then up rows
+      for (int64_t r = a; r < b; ++r) {
+        formats::unpack_qgroup_row(sh.gu, qg_gu_, wb, flip, src, r - sh.i_begin, 0, H, codes.data(),
+                                   sc.data(), nullptr);
+        put(w13, w13_scale, src * ir + r - i0, 2 * ir, 0, H, H, gg);
+      }
+    for (int64_t h = 0; h < H; ++h) {
+      formats::unpack_qgroup_row(sh.down, qg_down_, wb + sh.gu.total_bytes(), flip, 0, h,
+                                 a - sh.i_begin, b - sh.i_begin, codes.data(), sc.data(), nullptr);
+      put(w2, w2_scale, h, H, a - i0, ir, b - a, gd);
+    }
+  }
+}
+
+std::array<int64_t, 4> MoELayer::write_expert_bytes(int tp) const {
+  const int64_t H = shape_.hidden, I = shape_.intermediate;
+  if (tp < 1 || I % tp != 0)
+    throw std::invalid_argument("gpu_tp_count: expected a divisor of the intermediate size " +
+                                std::to_string(I) + ", got " + std::to_string(tp));
+  const int64_t ir = I / tp;
+  switch (format_) {
+    case WeightFormat::bf16: return {2 * ir * H * 2, 0, H * ir * 2, 0};
+    case WeightFormat::fp8:
+      if (fp8_block_)
+        return {2 * ir * H, (2 * ir / 128) * ((H + 127) / 128) * 4, H * ir,
+                ((H + 127) / 128) * (ir / 128) * 4};
+      return {2 * ir * H, 2 * ir * 4, H * ir, H * 4};
+    case WeightFormat::mxfp4: return {2 * ir * H / 2, 2 * ir * H / 32, H * ir / 2, H * ir / 32};
+    case WeightFormat::mxfp8: return {2 * ir * H, 2 * ir * H / 32, H * ir, H * ir / 32};
+    case WeightFormat::qgroup:
+      if (method_ == "RAWINT4" || method_ == "GPTQ_INT4")
+        return {2 * ir * H / 2, 2 * ir * (H / qg_gu_.group) * 2, H * ir / 2,
+                H * (ir / qg_down_.group) * 2};
+      break;
+    default: break;
+  }
+  throw std::invalid_argument("write_weight_scale_to_buffer: method " + method_ +
+                              " has no checkpoint encoding to write back");
+}
+
 void MoELayer::write_expert(int64_t slot, int tp, int rank, void* w13, float* w13_scale, void* w2,
                             float* w2_scale) const {
   const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
+  if (format_ == WeightFormat::qgroup) {
+    write_expert_qgroup(slot, tp, rank, static_cast<uint8_t*>(w13),
+                        reinterpret_cast<uint16_t*>(w13_scale), static_cast<uint8_t*>(w2),
+                        reinterpret_cast<uint16_t*>(w2_scale));
+    return;
+  }
   if (is_mx_format(format_)) {
     write_expert_mx(slot, tp, rank, static_cast<uint8_t*>(w13),
                     reinterpret_cast<uint8_t*>(w13_scale), static_cast<uint8_t*>(w2),

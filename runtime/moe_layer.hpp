@@ -3,6 +3,7 @@
 // down with routing-weight accumulate -> shards summed in a fixed order).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -178,9 +179,16 @@ class MoELayer {
   // FP8_PERCHANNEL: fp32 row scales [2*I/tp] and [H]. MXFP4 / MXFP8: the checkpoint bytes
   // ([2*I/tp, H/2 or H], [H, I/tp/2 or I/tp]) and ue8m0 scale bytes ([2*I/tp, H/32],
   // [H, I/tp/32]) through the same pointers. Read from the packed weights (no copy of
-  // the checkpoint is kept).
+  // the checkpoint is kept). RAWINT4: compressed-tensors bytes (byte k/2, low nibble = even k,
+  // nibble = code + 8) [2*I/tp, H/2] and [H, I/tp/2], bf16 group scales [2*I/tp, H/g] and
+  // [H, I/tp/g]. GPTQ_INT4: AutoGPTQ qweight int32 (nibble j of word r = input 8r + j, nibble =
+  // code + 8) [H/8, 2*I/tp] and [I/tp/8, H], fp16 scales [H/g, 2*I/tp] and [I/tp/g, H] (the
+  // symmetric zero point is implied). LLAMAFILE keeps GGUF blocks and is refused.
   void write_expert(int64_t slot, int tp, int rank, void* w13, float* w13_scale, void* w2,
                     float* w2_scale) const;
+  // Bytes write_expert writes through each pointer (w13, w13_scale, w2, w2_scale) for `tp` ranks;
+  // throws like write_expert for a method or tp it refuses.
+  std::array<int64_t, 4> write_expert_bytes(int tp) const;
   int num_shards() const { return int(shards_.size()); }
   std::pair<int64_t, int64_t> shard_range(int s) const {
     return {shards_[size_t(s)].i_begin, shards_[size_t(s)].i_end};
@@ -210,6 +218,9 @@ class MoELayer {
   void prepare_shard(int si, Scratch& s) const;
   void write_expert_mx(int64_t slot, int tp, int rank, uint8_t* w13, uint8_t* w13_scale,
                        uint8_t* w2, uint8_t* w2_scale) const;
+  void write_expert_qgroup(int64_t slot, int tp, int rank, uint8_t* w13, uint16_t* w13_scale,
+                           uint8_t* w2, uint16_t* w2_scale) const;
+  void check_write_args(int64_t slot, int tp, int rank, int64_t multiple) const;
   void forward_shard(int si, Scratch& s, bool reference, const PoolWork& wk);
 
   MoEShape shape_;

@@ -590,16 +590,19 @@ class KTMoEWrapper:
     ):
         """Enqueue writing expert ``expert_id`` (a physical slot, as in topk_ids) in its
         checkpoint encoding for each of ``gpu_tp_count`` GPU ranks: element r of each list is the
-        address of rank r's buffer (host memory). w13 = [gate rows; up rows] of rank r's I slice
-        ([2·I/tp, H]), w2 = down's column slice ([H, I/tp]); scales alike — FP8: fp32 128×128
-        block scales, FP8_PERCHANNEL: fp32 row scales, MXFP4 / MXFP8: ue8m0 bytes [N, K/32],
-        BF16: none (pointers ignored). Weights are
-        read back from the packed layer, bit-exact. Finish with
-        ``sync_write_weight_scale_to_buffer()``."""
-        if self.method not in ("BF16", "FP8", "FP8_PERCHANNEL", "MXFP4", "MXFP8"):
+        address of rank r's buffer — host memory, or CUDA device memory (then the expert is
+        written to a host staging buffer and copied with cudaMemcpy). w13 = [gate rows; up rows]
+        of rank r's I slice ([2·I/tp, H]), w2 = down's column slice ([H, I/tp]); scales alike —
+        FP8: fp32 128×128 block scales, FP8_PERCHANNEL: fp32 row scales, MXFP4 / MXFP8: ue8m0
+        bytes [N, K/32], RAWINT4: compressed-tensors packed bytes [N, K/2] and bf16 group scales
+        [N, K/g], GPTQ_INT4: AutoGPTQ qweight int32 [K/8, N] and fp16 scales [K/g, N] (N the
+        output features, K the inputs), BF16: none (pointers ignored). Weights are read back
+        from the packed layer, bit-exact. Finish with ``sync_write_weight_scale_to_buffer()``."""
+        supported = ("BF16", "FP8", "FP8_PERCHANNEL", "MXFP4", "MXFP8", "RAWINT4", "GPTQ_INT4")
+        if self.method not in supported:
             raise NotImplementedError(
                 f"write_weight_scale_to_buffer: method {self.method} keeps no checkpoint encoding "
-                "to write back (supported: BF16, FP8, FP8_PERCHANNEL, MXFP4, MXFP8)"
+                f"to write back (supported: {', '.join(supported)})"
             )
         if self.moe is None:
             raise RuntimeError("write_weight_scale_to_buffer: weights are not loaded")
@@ -624,18 +627,32 @@ class KTMoEWrapper:
             if any(p == 0 for p in ptrs[name]):
                 raise ValueError(f"{name}: null address")
         moe, slot = self.moe, int(expert_id)
+        names = ("w13_weight_ptrs", "w13_scale_ptrs", "w2_weight_ptrs", "w2_scale_ptrs")
+        # Device buffers (SGLang may hand CUDA tensors' data_ptr()) get a host staging buffer.
+        on_device = [[False] * 4 for _ in range(tp)]
+        if torch.cuda.is_available() and _core.cuda_runtime() is not None:
+            for r in range(tp):
+                for j, name in enumerate(names):
+                    p = ptrs[name][r]
+                    on_device[r][j] = bool(p) and _core.cuda_is_device_pointer(p)
 
         def task():
+            sizes = moe.write_expert_bytes(tp)  # raises (at sync) for a tp it cannot split
             for r in range(tp):
-                moe.write_expert(
-                    slot,
-                    tp,
-                    r,
-                    ptrs["w13_weight_ptrs"][r],
-                    ptrs["w13_scale_ptrs"][r],
-                    ptrs["w2_weight_ptrs"][r],
-                    ptrs["w2_scale_ptrs"][r],
-                )
+                target = [ptrs[name][r] for name in names]
+                staged = [
+                    (
+                        torch.empty(sizes[j], dtype=torch.uint8)
+                        if on_device[r][j] and sizes[j]
+                        else None
+                    )
+                    for j in range(4)
+                ]
+                use = [s.data_ptr() if s is not None else target[j] for j, s in enumerate(staged)]
+                moe.write_expert(slot, tp, r, *use)
+                for j, s in enumerate(staged):
+                    if s is not None:
+                        _core.cuda_memcpy(target[j], s.data_ptr(), sizes[j])
 
         serving.get_queue().submit(task)
 

@@ -145,3 +145,80 @@ def test_cuda_tensors_in_stream_order():  # pragma: no cover - GPU hosts only
         y = wr.sync_forward(x.cuda(), s.cuda_stream)
     s.synchronize()
     assert y.device.type == "cuda" and torch.equal(y.cpu(), host)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this host)")
+def test_cuda_graph_capture_and_replay():  # pragma: no cover - GPU hosts only
+    """SGLang's CUDA-graph path: capture submit_forward + sync_forward on static CUDA buffers
+    once, then replay with new inputs copied in; every replay equals the host path bit for bit."""
+    import kt_jit
+    from conftest import make_routing, make_weights, make_wrapper
+
+    E, K, H, I, T = 8, 4, 128, 64, 4
+    wr = make_wrapper(E, K, H, I)
+    wr.load_weights_from_tensors(*make_weights(E, H, I, seed=5), torch.arange(E))
+    kt_jit.KTMoEWrapper.set_capture_batch_sizes([T])
+    sx = torch.zeros(T, H, dtype=torch.bfloat16, device="cuda")
+    sids = torch.zeros(T, K, dtype=torch.int64, device="cuda")
+    sw = torch.zeros(T, K, dtype=torch.float32, device="cuda")
+
+    def step():
+        h = torch.cuda.current_stream().cuda_stream
+        wr.submit_forward(sx, sids, sw, h)
+        return wr.sync_forward(sx, h)
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):  # warm-up outside the capture, as torch asks
+        step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        out = step()
+    for seed in range(3):
+        x = torch.randn(T, H, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+        ids, w = make_routing(T, E, K, seed=seed, invalid=True)
+        sx.copy_(x.cuda())
+        sids.copy_(ids.to(torch.int64).cuda())
+        sw.copy_(w.to(torch.float32).cuda())
+        g.replay()
+        torch.cuda.synchronize()
+        host = wr.forward(x, ids, w)
+        assert torch.equal(out.cpu().view(torch.int16), host.view(torch.int16)), seed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this host)")
+def test_write_back_into_cuda_tensors(tmp_path):  # pragma: no cover - GPU hosts only
+    """write_weight_scale_to_buffer with device pointers (CUDA tensors' data_ptr(), some host
+    pointers mixed in) equals the write-back into host memory, byte for byte."""
+    from conftest import make_weights, make_wrapper
+
+    E, K, H, I, tp = 8, 4, 128, 64, 2
+    bf = make_wrapper(E, K, H, I, method="BF16")
+    bf.load_weights_from_tensors(*make_weights(E, H, I, seed=7), torch.arange(E))
+    cases = [(bf, [(2 * I // tp, H), None, (H, I // tp), None], torch.bfloat16)]
+    import test_loader_int4 as t4
+
+    t4.write_model(tmp_path, "RAWINT4", 32, seed=4)
+    ri = t4.wrapper_for(__import__("conftest"), tmp_path, "RAWINT4")
+    ri.load_weights(torch.arange(t4.E))
+    sizes = ri.moe.write_expert_bytes(1)
+    cases.append((ri, [(s,) for s in sizes], torch.uint8))
+    for wr, shapes, dt in cases:
+        n = tp if wr is bf else 1
+        host = [[torch.zeros(sh, dtype=dt) if sh else None for sh in shapes] for _ in range(n)]
+        dev = [
+            [
+                (torch.zeros(sh, dtype=dt, device="cuda" if j != 3 else "cpu") if sh else None)
+                for j, sh in enumerate(shapes)
+            ]
+            for _ in range(n)
+        ]
+        for bufs in (host, dev):
+            ptrs = [[b[j].data_ptr() if b[j] is not None else 0 for b in bufs] for j in range(4)]
+            wr.submit_write_weight_scale_to_buffer(n, 1, *ptrs)
+            wr.sync_write_weight_scale_to_buffer()
+        for h, d in zip(host, dev):
+            for a, b in zip(h, d):
+                if a is not None:
+                    assert bool((a.view(torch.uint8) != 0).any()), "host write-back is empty"
+                    assert torch.equal(a.view(torch.uint8), b.cpu().view(torch.uint8))
