@@ -205,9 +205,10 @@ def main(argv=None) -> int:
             for i, level in enumerate(all_levels):
                 t = theirs.get(level, "")
                 if t.startswith("native") and not cells[i].startswith("native"):
-                    how = t[len("native") :].split(" + emulated")[0]
+                    how = t[len("native") :].split(" + emulated")[0].strip(" +")
+                    how = f"; {how}" if how else ""
                     cells[i] = (
-                        f"native on {rep['machine']} ({rep['date'][:10]}{how}; "
+                        f"native on the {rep['isa']} host ({rep['date'][:10]}{how}; "
                         f"{os.path.basename(path)}); here: {cells[i]}"
                     )
     lines = [
@@ -232,8 +233,8 @@ def main(argv=None) -> int:
     ]
     for rep in merged:
         lines.append(
-            f"- merged: the native cells of a run on {rep['machine']} (selected ISA {rep['isa']}), "
-            f"{rep['date']}"
+            f"- merged: the native cells of this script's run on the {rep['isa']} host "
+            f"({rep['machine']}, selected ISA {rep['isa']}), {rep['date']}"
         )
     lines += [
         "",
