@@ -229,7 +229,9 @@ def test_no_expert_keys_for_layer(ref, tmp_path):
         wr.load_weights(torch.arange(E))
 
 
-def test_other_methods_still_not_built(ref, tmp_path):
+def test_moe_int8_on_a_hf_checkpoint_names_the_missing_kt_kernel_key(ref, tmp_path):
+    # MOE_INT8 reads kt-kernel's converted files (test_loader_ktkernel.py), not HF checkpoints
+    write_per_expert(tmp_path, *make_weights(seed=9))
     wr = make_wrapper(ref, tmp_path, method="MOE_INT8")
-    with pytest.raises(NotImplementedError, match="load_weights_from_tensors"):
+    with pytest.raises(ValueError, match=rf"blk\.{LAYER}\.ffn_up_exps\.0\.numa\.0\.weight"):
         wr.load_weights(torch.arange(E))

@@ -1,6 +1,7 @@
-"""AMXINT8 / AMXINT4 load_weights from kt-kernel converted directories (safetensors and .kt tree,
-1 or 2 NUMA parts): the AMX byte layout pinned to the spec, per-part numerics against a torch
-reference, and errors that name the file and the key."""
+"""AMXINT8 / AMXINT4 / MOE_INT8 / MOE_INT4 load_weights from kt-kernel converted directories
+(safetensors and .kt tree, 1 or 2 NUMA parts): the AMX and moe_kernel byte layouts pinned to the
+spec / kt-kernel's writer, per-part numerics against a torch reference, and errors that name the
+file and the key."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from kt_jit.loaders import ktkernel as kk
 
 E, K, H, I = 4, 2, 128, 256  # INT4 with tp=2 needs I/tp % 128 == 0 (kt-kernel's BufferB rule)
 LAYER = 0
-BITS = {"AMXINT8": 8, "AMXINT4": 4}
+BITS = {"AMXINT8": 8, "AMXINT4": 4, "MOE_INT8": 8, "MOE_INT4": 4}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -127,34 +128,68 @@ def test_layout_rejects_shapes_kt_kernel_rejects():
 # writing kt-kernel directories
 
 
-def _quantize(ref, w: torch.Tensor, bits: int):
+def _round_away(x: torch.Tensor) -> torch.Tensor:
+    """C's std::round: halves away from zero."""
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def moe_kernel_quantize(w: torch.Tensor, bits: int):
+    """kt-kernel moe_kernel's BufferB::from_mat math (kt-kernel/operators/moe_kernel/la/kernel.hpp,
+    kvcache-ai/ktransformers 95009ea6856c0799e517e93cb12be5e8494bc7ce), in fp32:
+    INT8 d = amax/127, q = round(f/d); INT4 d = amax/112, value = round(f/(d·16))·16.
+    Returns (int8 values the kernels multiply, fp32 row scales)."""
+    w = w.to(torch.float32)
+    amax = w.abs().amax(dim=-1, keepdim=True)
+    if bits == 8:
+        d = amax / 127.0
+        q = _round_away(w / d)
+    else:
+        d = amax / 112.0
+        q = _round_away(w / (d * 16.0)) * 16.0
+    return q.to(torch.int8), d[..., 0]
+
+
+def _quantize(ref, w: torch.Tensor, bits: int, moe: bool = False):
+    if moe:
+        return moe_kernel_quantize(w, bits)
     q, d = (ref.quantize_rows if bits == 8 else ref.quantize_rows_int4)(w)
     return q.to(torch.int8), d[..., 0].to(torch.float32)
 
 
-def quantize_parts(ref, gate, up, down, tp, bits):
-    """kt-kernel's per-part quantization: parts[n][proj] = (q int8 [E, n, k], d fp32 [E, n])."""
+def quantize_parts(ref, gate, up, down, tp, bits, moe=False):
+    """kt-kernel's per-part quantization: parts[n][proj] = (q int8 [E, n, k], d fp32 [E, n]).
+    moe: moe_kernel's quantizer (MOE_INT8 / MOE_INT4) instead of the AMX one."""
     ip = I // tp
     parts = []
     for n in range(tp):
         sl = slice(n * ip, (n + 1) * ip)
         parts.append(
             {
-                "gate": _quantize(ref, gate[:, sl, :], bits),
-                "up": _quantize(ref, up[:, sl, :], bits),
-                "down": _quantize(ref, down[:, :, sl], bits),  # rows over the part's column slice
+                "gate": _quantize(ref, gate[:, sl, :], bits, moe),
+                "up": _quantize(ref, up[:, sl, :], bits, moe),
+                "down": _quantize(ref, down[:, :, sl], bits, moe),  # rows over the column slice
             }
         )
     return parts
 
 
+PACKERS = {
+    "AMXINT8": kk.pack_amx_int8,
+    "AMXINT4": kk.pack_amx_int4,
+    "MOE_INT8": kk.pack_moe_int8,
+    "MOE_INT4": kk.pack_moe_int4,
+}
+
+
 def write_ktkernel_dir(
-    d, parts, bits, mode="safetensors", split_last_expert=True, skip=(), mutate=None
+    d, parts, bits, mode="safetensors", split_last_expert=True, skip=(), mutate=None, dtypes=None
 ):
-    """Write ``parts`` as kt-kernel's converter does. skip: {(part, proj, e, kind)} left out;
-    mutate(part, proj, e, kind, bytes) -> bytes changes one blob."""
+    """Write ``parts`` as kt-kernel's converter does. bits: 8 / 4 (AMX layout) or a method name.
+    skip: {(part, proj, e, kind)} left out; mutate(part, proj, e, kind, bytes) -> bytes changes
+    one blob; dtypes: {(part, proj, e, kind): torch dtype} stores that blob with another dtype."""
     os.makedirs(d, exist_ok=True)
-    pack = kk.pack_amx_int8 if bits == 8 else kk.pack_amx_int4
+    method = bits if isinstance(bits, str) else {8: "AMXINT8", 4: "AMXINT4"}[bits]
+    pack = PACKERS[method]
     files: dict[str, dict] = {}
     for n, p in enumerate(parts):
         for proj in kk.PROJS:
@@ -176,13 +211,14 @@ def write_ktkernel_dir(
                         )
                         key = f"blk.{LAYER}.ffn_{proj}_exps.{e}.numa.{n}.{kind}"
                         dt = torch.int8 if kind == "weight" else torch.float32
+                        dt = (dtypes or {}).get((n, proj, e, kind), dt)
                         t = torch.frombuffer(bytearray(blob), dtype=torch.uint8).view(dt).clone()
                         files.setdefault(fname, {})[key] = t
                     else:
                         dd = os.path.join(d, f"_layer_{LAYER}", f"_numa_{n}")
                         os.makedirs(dd, exist_ok=True)
                         kind2 = "quant" if kind == "weight" else "scale"
-                        name = kk.kt_file_name(bits, proj, e, orig, kind2)
+                        name = kk.kt_file_name(method, proj, e, orig, kind2)
                         with open(os.path.join(dd, name), "wb") as f:
                             f.write(blob)
     if mode == "safetensors":
@@ -496,6 +532,190 @@ def test_expert_count_and_config_mismatch(ref, tmp_path, parts8):
     )
 
 
-def test_moe_int_methods_refuse_amx_layout(ref, tmp_path, parts8):
-    write_ktkernel_dir(tmp_path, parts8, 8)
-    _expect(ref, tmp_path, "MOE_INT8", NotImplementedError, "MOE_INT8", "moe_kernel")
+# ------------------------------------------------------------------------------------------------
+# MOE_INT8 / MOE_INT4: kt-kernel's moe_kernel plain layout
+# (kvcache-ai/ktransformers 95009ea6856c0799e517e93cb12be5e8494bc7ce,
+# kt-kernel/operators/moe_kernel/la/kernel.hpp GemmKernelInt8/Int4::BufferB::from_mat, written by
+# moe.hpp write_weights and merged by kt-kernel/scripts/convert_cpu_weights.py)
+
+
+def test_moe_hand_computed_offsets():
+    off, high = kk.moe_offsets(8, 16, 64)
+    assert high is None
+    assert off[0, 0] == 0 and off[0, 31] == 31
+    assert off[1, 0] == 32  # next row of the 8-row tile
+    assert off[7, 31] == 255
+    assert off[0, 32] == 256  # second 32-column chunk
+    assert off[8, 0] == 8 * 64  # second 8-row group: 8·k
+    assert off[9, 33] == 8 * 64 + 256 + 32 + 1
+    off, high = kk.moe_offsets(4, 16, 128)
+    assert (off[0, 0], high[0, 0]) == (0, True)  # first 32 columns: high nibble
+    assert (off[0, 32], high[0, 32]) == (0, False)  # column +32: same byte, low nibble
+    assert (off[1, 5], off[0, 64], off[0, 100]) == (37, 256, 256 + 4)
+    assert (off[8, 0], off[15, 127]) == (8 * 64, 8 * 64 + 256 + 7 * 32 + 31)
+    with pytest.raises(ValueError, match="rows % 8"):
+        kk.moe_offsets(8, 12, 64)
+    with pytest.raises(ValueError, match="columns % 64"):
+        kk.moe_offsets(4, 8, 96)
+
+
+def _moe_writer_procedure(q: np.ndarray, bits: int, n_block: int) -> bytes:
+    """kt-kernel's from_mat store loop transcribed element by element (rows handed out in
+    blocks of n_block as its thread split does); independent of moe_offsets."""
+    n, k = q.shape
+    out = np.zeros(n * k if bits == 8 else n * k // 2, dtype=np.uint8)
+    qi = q.astype(np.int64)
+    for nbb in range(0, n, n_block):
+        for i in range(min(n_block, n - nbb)):
+            split_n, n_idx = i // 8, i % 8
+            if bits == 8:
+                for j in range(k):
+                    idx = nbb * k + split_n * 8 * k + (j // 32) * 8 * 32 + n_idx * 32 + j % 32
+                    out[idx] = qi[nbb + i, j] & 0xFF
+            else:
+                for k_start in range(0, k, 64):
+                    for j in range(32):
+                        idx = nbb * k // 2 + split_n * 8 * k // 2 + (k_start // 64) * 256
+                        idx += n_idx * 32 + j
+                        b0 = qi[nbb + i, k_start + j] & 0xFF
+                        b1 = qi[nbb + i, k_start + j + 32] & 0xFF
+                        out[idx] = (b0 & 0xF0) | ((b1 >> 4) & 0x0F)
+    return out.tobytes()
+
+
+@pytest.mark.parametrize("n,k,n_block", [(16, 64, 8), (40, 96, 16), (64, 128, 32)])
+def test_moe_int8_pack_matches_writer_and_roundtrips(n, k, n_block):
+    q = np.random.default_rng(n + k).integers(-127, 128, (n, k), dtype=np.int8)
+    b = kk.pack_moe_int8(q)
+    assert b == _moe_writer_procedure(q, 8, n_block)
+    assert np.array_equal(kk.unpack_moe_int8(np.frombuffer(b, np.uint8), n, k), q)
+
+
+@pytest.mark.parametrize("n,k,n_block", [(16, 64, 8), (40, 192, 16), (64, 128, 64)])
+def test_moe_int4_pack_matches_writer_and_roundtrips(n, k, n_block):
+    q16 = (np.random.default_rng(n * k).integers(-8, 8, (n, k)) * 16).astype(np.int8)
+    b = kk.pack_moe_int4(q16)
+    assert b == _moe_writer_procedure(q16, 4, n_block)
+    assert np.array_equal(kk.unpack_moe_int4(np.frombuffer(b, np.uint8), n, k), q16)
+
+
+def test_moe_kernel_quantizer_range():
+    w = torch.randn(3, 16, 64, generator=torch.Generator().manual_seed(1))
+    q8, d8 = moe_kernel_quantize(w, 8)
+    q4, d4 = moe_kernel_quantize(w, 4)
+    assert q8.abs().max() == 127 and q4.abs().max() == 112 and not torch.any(q4 % 16)
+    assert torch.allclose(d8 * 127, w.abs().amax(-1)) and torch.allclose(d4 * 112, d8 * 127)
+    # dequantized error within half a step of each row
+    assert torch.all((q8.float() * d8[..., None] - w).abs() <= d8[..., None] * 0.5001)
+    assert torch.all((q4.float() * d4[..., None] - w).abs() <= d4[..., None] * 8.001)
+
+
+MOE_METHODS = ["MOE_INT8", "MOE_INT4"]
+
+
+@pytest.mark.parametrize("mode", ["safetensors", "kt"])
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("method", MOE_METHODS)
+def test_moe_load_and_forward(ref, tmp_path, fp32_weights, method, tp, mode):
+    parts = quantize_parts(ref, *fp32_weights, tp, BITS[method], moe=True)
+    write_ktkernel_dir(tmp_path, parts, method, mode=mode)
+    wr = make_wrapper(ref, tmp_path, method)
+    wr.load_weights(PMAP)
+    assert wr.moe.loaded and list(wr.moe.shard_bounds) == [n * I // tp for n in range(tp + 1)]
+    assert wr.load_stats["tp"] == tp and wr.load_stats["mode"] == mode
+    for T in (1, 7, 40):
+        x, ids, w = _inputs(ref, T, seed=T + tp)
+        out = wr.forward(x, ids, w)
+        err = ref.rel_l1(out, reference_parts(ref, x, ids, w, parts, PMAP))
+        assert err <= 1e-3, f"vs per-part same-quantization reference: {err:.3g}"
+        err2 = ref.rel_l1(out, reference_dequant(ref, x, ids, w, parts, PMAP))
+        assert err2 <= 3e-2, f"vs dequantized fp32 reference (SPEC §4): {err2:.3g}"
+
+
+@pytest.mark.parametrize("method", MOE_METHODS)
+def test_moe_two_parts_one_and_two_pools(ref, tmp_path, fp32_weights, method):
+    parts = quantize_parts(ref, *fp32_weights, 2, BITS[method], moe=True)
+    write_ktkernel_dir(tmp_path, parts, method, mode="safetensors")
+    x, ids, w = _inputs(ref, 13, seed=5)
+    outs = []
+    for pools in (1, 2):
+        wr = make_wrapper(ref, tmp_path, method, pools=pools)
+        wr.load_weights(PMAP)
+        outs.append(wr.forward(x, ids, w))
+        assert ref.rel_l1(outs[-1], reference_dequant(ref, x, ids, w, parts, PMAP)) <= 3e-2
+    # same parts, same per-part quantization: only fp32 summation order may differ
+    assert torch.allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6 * outs[0].abs().max().item())
+
+
+@pytest.fixture(scope="module", params=MOE_METHODS)
+def moe_parts(request, ref, fp32_weights):
+    method = request.param
+    return method, quantize_parts(ref, *fp32_weights, 2, BITS[method], moe=True)
+
+
+def test_moe_st_truncated_file(ref, tmp_path, moe_parts):
+    method, parts = moe_parts
+    write_ktkernel_dir(tmp_path, parts, method)
+    f = tmp_path / "model-00002-of-00002.safetensors"
+    f.write_bytes(f.read_bytes()[:-100])
+    from kt_jit.loaders import CheckpointError
+
+    _expect(ref, tmp_path, method, CheckpointError, str(f), f"ffn_gate_exps.{E - 1}.numa.0.weight")
+
+
+def test_moe_st_wrong_dtype(ref, tmp_path, moe_parts):
+    method, parts = moe_parts
+    d1 = tmp_path / "w"
+    write_ktkernel_dir(d1, parts, method, dtypes={(1, "gate", 1, "weight"): torch.float32})
+    _expect(ref, d1, method, ValueError, "ffn_gate_exps.1.numa.1.weight", "got F32")
+    d2 = tmp_path / "s"
+    write_ktkernel_dir(d2, parts, method, dtypes={(0, "down", 2, "scale"): torch.bfloat16})
+    _expect(ref, d2, method, ValueError, "ffn_down_exps.2.numa.0.scale", "expected dtype F32")
+
+
+def test_moe_st_missing_key(ref, tmp_path, moe_parts):
+    method, parts = moe_parts
+    write_ktkernel_dir(tmp_path, parts, method, skip={(1, "up", 0, "weight")})
+    _expect(ref, tmp_path, method, ValueError, f"blk.{LAYER}.ffn_up_exps.0.numa.1.weight")
+
+
+def test_moe_st_wrong_shape(ref, tmp_path, moe_parts):
+    method, parts = moe_parts
+
+    def halve(n, proj, e, kind, blob):
+        return blob[: len(blob) // 2] if (n, proj, e, kind) == (0, "up", 1, "scale") else blob
+
+    def grow(n, proj, e, kind, blob):
+        return blob + bytes(256) if (n, proj, e, kind) == (1, "down", 3, "weight") else blob
+
+    d1 = tmp_path / "s"
+    write_ktkernel_dir(d1, parts, method, mutate=halve)
+    _expect(ref, d1, method, ValueError, "ffn_up_exps.1.numa.0.scale", f"[{I // 4}]")
+    # an AOCL-reordered buffer (x86 AMD build) is larger than rows x columns: refused, explained
+    d2 = tmp_path / "w"
+    write_ktkernel_dir(d2, parts, method, mutate=grow)
+    _expect(ref, d2, method, ValueError, "ffn_down_exps.3.numa.1.weight", "AOCL")
+
+
+def test_moe_kt_tree_errors(ref, tmp_path, moe_parts):
+    method, parts = moe_parts
+    bits = BITS[method]
+    nq = kk.packed_nbytes(bits, H, I // 2)
+    d1 = tmp_path / "t"
+    write_ktkernel_dir(d1, parts, method, mode="kt")
+    f = d1 / f"_layer_{LAYER}" / "_numa_1" / kk.kt_file_name(method, "down", 2, nq, "quant")
+    assert f.is_file()
+    f.write_bytes(f.read_bytes()[:100])
+    from kt_jit.loaders import CheckpointError
+
+    _expect(ref, d1, method, CheckpointError, str(f), "expert 2 down", "truncated")
+    d2 = tmp_path / "m"
+    write_ktkernel_dir(d2, parts, method, mode="kt", skip={(0, "gate", 3, "scale")})
+    _expect(ref, d2, method, FileNotFoundError, f"{method}_gate_3_{4 * I // 2}Byte_scale_.kt")
+    # the method must match the files: AMX names vs moe_kernel names
+    amx = "AMXINT8" if bits == 8 else "AMXINT4"
+    _expect(ref, d1, amx, ValueError, f"holds {method} files")
+    d3 = tmp_path / "a"
+    amx_parts = quantize_parts(ref, *ref.make_weights(E, H, I, seed=2), 1, bits)
+    write_ktkernel_dir(d3, amx_parts, bits, mode="kt")
+    _expect(ref, d3, method, ValueError, f"holds INT{bits} files")

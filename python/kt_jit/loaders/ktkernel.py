@@ -1,4 +1,5 @@
-"""kt-kernel converted AMXINT8 / AMXINT4 directories (``kt-kernel/scripts/convert_cpu_weights.py``).
+"""kt-kernel converted AMXINT8 / AMXINT4 / MOE_INT8 / MOE_INT4 directories
+(``kt-kernel/scripts/convert_cpu_weights.py``).
 
 Two on-disk forms hold the same bytes (kt-kernel-api.md §3.1):
 
@@ -17,6 +18,19 @@ is transposed as a 16×16 matrix of 4-byte words. INT4 packs 128-wide K chunks: 
 holds column kbeg+j in the low nibble and kbeg+64+j in the high nibble (two's complement).
 ``amx_offsets`` computes, once per shape, the byte offset of every element from that formula;
 the packers scatter with it and the unpackers gather with it.
+
+MOE_INT8 / MOE_INT4 (``--quant-method moe_int8|moe_int4``; kt-kernel's ``operators/moe_kernel``,
+``GemmKernelInt8`` / ``GemmKernelInt4`` ``BufferB``, read at kvcache-ai/ktransformers commit
+95009ea6856c0799e517e93cb12be5e8494bc7ce, ``kt-kernel/operators/moe_kernel/la/kernel.hpp`` and
+``moe.hpp``): the same keys and ``.kt`` tree (file prefix ``MOE_INT8`` / ``MOE_INT4``), one fp32 scale
+per output row. The quant bytes are the "plain" packed layout of KML builds (AArch64; the only
+builds with MOE_INT4): rows in groups of 8, each group ``8·k`` elements, cut into column chunks
+of 32 (INT8) / 64 (INT4) stored as 8 rows × 32 bytes. INT8: element (r, c) at
+``(r/8)·8k + (c/32)·256 + (r%8)·32 + c%32``, scale amax/127. INT4: byte
+``(r/8)·4k + (c/64)·256 + (r%8)·32 + c%32``, column c%64 < 32 in the **high** nibble and
+c%64 ≥ 32 in the low nibble, signed; the value is 16·q4 with scale amax/112 (kt-jit's int4
+semantics). x86 builds of moe_kernel (AMD, AOCL) store AOCL's reordered B buffers instead (their
+size is not rows × columns); those are refused with an error saying so.
 
 Every error names the file and the key (or, for ``.kt`` files, the file name).
 """
@@ -43,10 +57,20 @@ N_STEP = 32
 K_STEP = 64
 K_BLOCK = 3584
 N_BLOCK = {8: 64, 4: 128}
-#: file name prefix of the .kt tree (kt-kernel's ``T::name()``)
+#: file name prefix of the .kt tree (kt-kernel's ``T::name()``) of the AMX layout
 KT_PREFIX = {8: "INT8", 4: "INT4"}
-#: wrapper method -> bits of kt-kernel's AMX layout
+#: wrapper method -> bits
 METHOD_BITS = {"AMXINT8": 8, "AMXINT4": 4, "MOE_INT8": 8, "MOE_INT4": 4}
+#: wrapper method -> .kt file name prefix
+METHOD_PREFIX = {
+    "AMXINT8": "INT8",
+    "AMXINT4": "INT4",
+    "MOE_INT8": "MOE_INT8",
+    "MOE_INT4": "MOE_INT4",
+}
+#: moe_kernel's plain layout: PACK_SIZE_N rows × PACK_SIZE_K bytes per tile
+MOE_PACK_N = 8
+MOE_PACK_K = 32
 PROJS = ("gate", "up", "down")
 
 
@@ -167,12 +191,94 @@ def pack_amx_int4(q16) -> bytes:
     return out.tobytes()
 
 
-def unpack(bits: int, raw, n: int, k: int) -> np.ndarray:
-    return unpack_amx_int8(raw, n, k) if bits == 8 else unpack_amx_int4(raw, n, k)
-
-
 def packed_nbytes(bits: int, n: int, k: int) -> int:
     return n * k if bits == 8 else n * k // 2
+
+
+# moe_kernel (MOE_INT8 / MOE_INT4) plain layout
+
+
+def check_moe_shape(bits: int, n: int, k: int, what: str = "matrix") -> None:
+    """moe_kernel's plain layout tiles rows by 8 and columns by 32 bytes (32 int8 / 64 int4
+    columns); other shapes overlap tiles in kt-kernel's writer, so they are refused."""
+    kstep = MOE_PACK_K if bits == 8 else 2 * MOE_PACK_K
+    if n <= 0 or k <= 0 or n % MOE_PACK_N or k % kstep:
+        raise ValueError(
+            f"{what}: kt-kernel's moe_kernel INT{bits} layout needs rows % {MOE_PACK_N} == 0 "
+            f"and columns % {kstep} == 0, got [{n}, {k}]"
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def moe_offsets(bits: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Byte offset of every element (r, c) of an [n, k] matrix in moe_kernel's plain layout
+    (``GemmKernelInt8/Int4::BufferB::from_mat`` with PACKED, PLAIN): (offsets, high) as for
+    amx_offsets; for INT4 ``high`` marks the first 32 columns of each 64-column chunk."""
+    if bits not in (4, 8):
+        raise ValueError(f"bits: expected 4 or 8, got {bits}")
+    check_moe_shape(bits, n, k)
+    r = np.arange(n, dtype=np.int64)[:, None]
+    c = np.arange(k, dtype=np.int64)[None, :]
+    row_bytes = k if bits == 8 else k // 2
+    chunk = MOE_PACK_K if bits == 8 else 2 * MOE_PACK_K
+    off = (
+        (r // MOE_PACK_N) * (MOE_PACK_N * row_bytes)
+        + (c // chunk) * (MOE_PACK_N * MOE_PACK_K)
+        + (r % MOE_PACK_N) * MOE_PACK_K
+        + c % MOE_PACK_K
+    )
+    off = off.astype(np.int32 if n * row_bytes < 2**31 else np.int64)
+    off.setflags(write=False)
+    high = None
+    if bits == 4:
+        high = np.broadcast_to(c % chunk < MOE_PACK_K, (n, k)).copy()
+        high.setflags(write=False)
+    return off, high
+
+
+def unpack_moe_int8(raw, n: int, k: int) -> np.ndarray:
+    """moe_kernel's packed MOE_INT8 bytes (n·k) → int8 [n, k] row-major."""
+    off, _ = moe_offsets(8, int(n), int(k))
+    return _as_bytes(raw, n * k, f"MOE_INT8 [{n}, {k}]").view(np.int8)[off]
+
+
+def unpack_moe_int4(raw, n: int, k: int) -> np.ndarray:
+    """moe_kernel's packed MOE_INT4 bytes (n·k/2) → int8 [n, k] holding 16·q4."""
+    off, high = moe_offsets(4, int(n), int(k))
+    g = _as_bytes(raw, n * k // 2, f"MOE_INT4 [{n}, {k}]")[off]
+    return np.where(high, g & 0xF0, (g << 4) & 0xF0).astype(np.uint8).view(np.int8)
+
+
+def pack_moe_int8(q) -> bytes:
+    """int8 [n, k] → moe_kernel's packed MOE_INT8 bytes (the inverse of unpack_moe_int8)."""
+    q = np.asarray(q)
+    if q.ndim != 2:
+        raise ValueError(f"pack_moe_int8: expected a 2-D [n, k] array, got shape {q.shape}")
+    off, _ = moe_offsets(8, *q.shape)
+    out = np.zeros(q.size, dtype=np.int8)
+    out[off] = q.astype(np.int8)
+    return out.tobytes()
+
+
+def pack_moe_int4(q16) -> bytes:
+    """int8 [n, k] of 16·q4 → moe_kernel's packed MOE_INT4 bytes (inverse of unpack_moe_int4)."""
+    q16 = np.asarray(q16).astype(np.int64)
+    if q16.ndim != 2:
+        raise ValueError(f"pack_moe_int4: expected a 2-D [n, k] array, got shape {q16.shape}")
+    if np.any(q16 % 16) or q16.min(initial=0) < -128 or q16.max(initial=0) > 112:
+        raise ValueError("pack_moe_int4: values must be 16·q4 with q4 in [-8, 7]")
+    off, high = moe_offsets(4, *q16.shape)
+    nib = ((q16 // 16) & 0xF).astype(np.uint8)
+    out = np.zeros(q16.size // 2, dtype=np.uint8)
+    out[off[high]] = (nib[high] << 4).astype(np.uint8)
+    out[off[~high]] |= nib[~high]
+    return out.tobytes()
+
+
+def unpack(bits: int, raw, n: int, k: int, moe: bool = False) -> np.ndarray:
+    if moe:
+        return unpack_moe_int8(raw, n, k) if bits == 8 else unpack_moe_int4(raw, n, k)
+    return unpack_amx_int8(raw, n, k) if bits == 8 else unpack_amx_int4(raw, n, k)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -183,19 +289,41 @@ def _st_key(layer_idx: int, proj: str, e: int, part: int, kind: str) -> str:
     return f"blk.{layer_idx}.ffn_{proj}_exps.{e}.numa.{part}.{kind}"
 
 
-def kt_file_name(bits: int, proj: str, e: int, nbytes: int, kind: str) -> str:
-    """``{INT8|INT4}_{proj}_{e}_{NBYTES}Byte_{quant|scale}_.kt``"""
-    return f"{KT_PREFIX[bits]}_{proj}_{e}_{nbytes}Byte_{kind}_.kt"
+def kt_file_name(bits_or_method, proj: str, e: int, nbytes: int, kind: str) -> str:
+    """``{PREFIX}_{proj}_{e}_{NBYTES}Byte_{quant|scale}_.kt``; PREFIX is INT8/INT4 for bits 8/4
+    (the AMX methods) or the method's own (``MOE_INT8``, ``MOE_INT4``)."""
+    prefix = (
+        METHOD_PREFIX[bits_or_method]
+        if isinstance(bits_or_method, str)
+        else KT_PREFIX[int(bits_or_method)]
+    )
+    return f"{prefix}_{proj}_{e}_{nbytes}Byte_{kind}_.kt"
+
+
+AOCL_HINT = (
+    "; a larger MOE_INT8/MOE_INT4 weight is AOCL's reordered B buffer written by an x86 (AMD, "
+    "AOCL) build of kt-kernel's moe_kernel, which kt-jit does not decode: convert the Hugging Face "
+    "checkpoint with kt-kernel's --quant-method int8/int4 (AMXINT8/AMXINT4) or `kt-jit convert`"
+)
 
 
 class KtKernelDir:
     """One layer of a kt-kernel converted directory: mode ('safetensors' or 'kt'), tp (number of
-    NUMA parts), num_experts (found by probing), and readers for one (part, projection, expert)."""
+    NUMA parts), num_experts (found by probing), and readers for one (part, projection, expert).
+    ``method``: AMXINT8 / AMXINT4 / MOE_INT8 / MOE_INT4, or bits 8 / 4 for the AMX methods."""
 
-    def __init__(self, weight_path: str, layer_idx: int, bits: int, hidden: int, inter: int):
+    def __init__(self, weight_path: str, layer_idx: int, method, hidden: int, inter: int):
         if not weight_path or not os.path.isdir(weight_path):
             raise FileNotFoundError(f"weight_path: {weight_path!r} is not a directory")
-        self.path, self.layer_idx, self.bits = weight_path, int(layer_idx), int(bits)
+        if not isinstance(method, str):
+            method = {8: "AMXINT8", 4: "AMXINT4"}[int(method)]
+        bits = method_bits(method)
+        self.method, self.moe, self.prefix = (
+            method,
+            method.startswith("MOE_"),
+            METHOD_PREFIX[method],
+        )
+        self.path, self.layer_idx, self.bits = weight_path, int(layer_idx), bits
         self.H, self.I = int(hidden), int(inter)
         self.index: SafetensorsIndex | None = None
         L = self.layer_idx
@@ -209,11 +337,21 @@ class KtKernelDir:
                     hint=f" (layer {L}: no kt-kernel AMX expert weights; expected keys "
                     f"blk.{L}.ffn_{{gate,up,down}}_exps.{{e}}.numa.{{n}}.{{weight,scale}})",
                 )
+
+            # A part / expert exists when any of its six tensors does, so one missing tensor is
+            # reported by name (check) instead of shrinking the part or expert count.
+            def _has(e: int, part: int) -> bool:
+                return any(
+                    _st_key(L, proj, e, part, kind) in self.index
+                    for proj in PROJS
+                    for kind in ("weight", "scale")
+                )
+
             tp = 0
-            while _st_key(L, "up", 0, tp, "weight") in self.index:
+            while _has(0, tp):
                 tp += 1
             ne = 0
-            while _st_key(L, "up", ne, 0, "weight") in self.index:
+            while _has(ne, 0):
                 ne += 1
         else:
             self.mode = "kt"
@@ -230,18 +368,16 @@ class KtKernelDir:
                 raise FileNotFoundError(f"{layer_dir}: no _numa_0 folder")
             d0 = os.path.join(layer_dir, "_numa_0")
             ne = 0
-            while glob.glob(os.path.join(d0, f"{KT_PREFIX[bits]}_up_{ne}_*Byte_quant_.kt")):
+            while glob.glob(os.path.join(d0, f"{self.prefix}_up_{ne}_*Byte_quant_.kt")):
                 ne += 1
             if ne == 0:
-                other = KT_PREFIX[12 - bits]
-                found = glob.glob(os.path.join(d0, f"{other}_up_0_*Byte_quant_.kt"))
-                hint = (
-                    f"; it holds {other} files — the method does not match the directory"
-                    if found
-                    else ""
-                )
+                hint = ""
+                for other in sorted(set(METHOD_PREFIX.values()) - {self.prefix}):
+                    if glob.glob(os.path.join(d0, f"{other}_up_0_*Byte_quant_.kt")):
+                        hint = f"; it holds {other} files — the method does not match the directory"
+                        break
                 raise ValueError(
-                    f"{d0}: no {KT_PREFIX[bits]}_up_0_*Byte_quant_.kt file (layer {L}, part 0, "
+                    f"{d0}: no {self.prefix}_up_0_*Byte_quant_.kt file (layer {L}, part 0, "
                     f"expert 0 up){hint}"
                 )
         self.tp, self.num_experts = tp, ne
@@ -262,15 +398,16 @@ class KtKernelDir:
 
     def _kt_path(self, part: int, proj: str, e: int, kind: str, nbytes: int) -> str:
         d = os.path.join(self.path, f"_layer_{self.layer_idx}", f"_numa_{part}")
-        want = os.path.join(d, kt_file_name(self.bits, proj, e, nbytes, kind))
+        want = os.path.join(d, kt_file_name(self.method, proj, e, nbytes, kind))
         if os.path.isfile(want):
             return want
-        pat = os.path.join(d, f"{KT_PREFIX[self.bits]}_{proj}_{e}_*Byte_{kind}_.kt")
+        pat = os.path.join(d, f"{self.prefix}_{proj}_{e}_*Byte_{kind}_.kt")
         found = sorted(glob.glob(pat))
         if found:
+            hint = AOCL_HINT if self.moe and kind == "quant" else ""
             raise ValueError(
                 f"{found[0]}: wrong size for {kind} of {self._where(part, proj, e)}: expected "
-                f"{nbytes} bytes (file {os.path.basename(want)})"
+                f"{nbytes} bytes (file {os.path.basename(want)}){hint}"
             )
         raise FileNotFoundError(f"{want}: missing {kind} file of {self._where(part, proj, e)}")
 
@@ -293,10 +430,13 @@ class KtKernelDir:
                 count = int(np.prod(shape)) if len(shape) else 1
                 nbytes = count * (4 if dt == "F32" else 1)
                 if nbytes != want_bytes:
+                    hint = (
+                        AOCL_HINT if self.moe and kind == "weight" and nbytes > want_bytes else ""
+                    )
                     raise ValueError(
                         f"{path}: tensor {key!r} ({what} {kind}): expected {want_bytes} bytes "
-                        f"(INT{self.bits} [{n}, {k}]{' scales' if kind == 'scale' else ''}), "
-                        f"got shape {list(shape)} {dt} = {nbytes} bytes"
+                        f"({self.method} [{n}, {k}]{' scales' if kind == 'scale' else ''}), "
+                        f"got shape {list(shape)} {dt} = {nbytes} bytes{hint}"
                     )
         else:
             for kind, nbytes in (("quant", nq), ("scale", ns)):
@@ -326,7 +466,7 @@ class KtKernelDir:
             sp = self._kt_path(part, proj, e, "scale", ns)
             raw = self._read_file(qp, nq, f"{self._where(part, proj, e)} quant")
             scale = self._read_file(sp, ns, f"{self._where(part, proj, e)} scale").view(np.float32)
-        q = unpack(self.bits, raw, n, k)
+        q = unpack(self.bits, raw, n, k, moe=self.moe)
         return q, np.ascontiguousarray(scale, dtype=np.float32)
 
     @staticmethod
@@ -354,16 +494,6 @@ def method_bits(method: str) -> int:
             f"method: {method!r} is not a kt-kernel converted format; expected one of "
             f"{', '.join(METHOD_BITS)}"
         )
-    if method.startswith("MOE_"):
-        raise NotImplementedError(
-            f"load_weights: method {method!r} from a kt-kernel converted directory is not "
-            "supported: kt-kernel's moe_kernel (MOE_INT4/MOE_INT8) stores its own, "
-            "platform-dependent packing (8x32 pack blocks, AOCL/KML reorders), not the AMX "
-            "layout, and kt-jit's reference does not specify its bytes (kt-kernel-api.md §3.8); "
-            "convert the Hugging Face checkpoint with `kt-jit convert --method "
-            f"{method}` (kt-jit artifact), or with kt-kernel's --quant-method int8/int4 and load "
-            "with AMXINT8/AMXINT4, or use load_weights_from_tensors"
-        )
     return METHOD_BITS[method]
 
 
@@ -389,7 +519,7 @@ def load_ktkernel_layer(
     bits = method_bits(method)
     E, H, I = int(num_experts), int(hidden), int(intermediate)
     t0 = time.perf_counter()
-    kd = KtKernelDir(weight_path, layer_idx, bits, H, I)
+    kd = KtKernelDir(weight_path, layer_idx, method, H, I)
     try:
         if kd.num_experts < E:
             missing = (
@@ -399,7 +529,7 @@ def load_ktkernel_layer(
                     weight_path,
                     f"_layer_{layer_idx}",
                     "_numa_0",
-                    f"{KT_PREFIX[bits]}_up_{kd.num_experts}_*Byte_quant_.kt",
+                    f"{kd.prefix}_up_{kd.num_experts}_*Byte_quant_.kt",
                 )
             )
             raise ValueError(
@@ -412,7 +542,7 @@ def load_ktkernel_layer(
                 f"expects num_experts={E}"
             )
         for proj in PROJS:
-            check_shape(
+            (check_moe_shape if kd.moe else check_shape)(
                 bits,
                 *kd.shape(proj),
                 what=(
@@ -474,14 +604,14 @@ def load_ktkernel_layer(
         kd.close()
     stats = {**load_stats(nbytes, t0), "mode": kd.mode, "tp": kd.tp}
     logger.info(
-        "layer %d: loaded %d experts x %d NUMA parts from %s (kt-kernel %s, INT%d): "
+        "layer %d: loaded %d experts x %d NUMA parts from %s (kt-kernel %s, %s): "
         "%.1f MB in %.2f s, %.2f GB/s",
         layer_idx,
         E,
         kd.tp,
         weight_path,
         kd.mode,
-        bits,
+        method,
         nbytes / 1e6,
         stats["seconds"],
         stats["gb_per_s"],
