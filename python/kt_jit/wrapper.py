@@ -327,7 +327,7 @@ class KTMoEWrapper:
                 f"loads with AMXINT8/MOE_INT8 or AMXINT4/MOE_INT4, not {method!r}"
             )
         if kt_dir and not artifact:
-            ktkernel.method_bits(method)  # MOE_*: NotImplementedError before any I/O
+            ktkernel.method_bits(method)  # an unknown integer method fails before any I/O
         if not self.weight_path or not os.path.exists(self.weight_path):
             raise FileNotFoundError(f"weight_path: {self.weight_path!r} does not exist")
         hf.check_model_shape(self.weight_path, E, K, H, I)
