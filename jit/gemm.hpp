@@ -114,9 +114,10 @@ int gemm_max_rows(IsaLevel isa, WeightFormat fmt = WeightFormat::int8);
 
 // The value an fp8 (e4m3fn) byte decodes to in the kernels: exact for every finite code,
 // subnormals included; 0x7f/0xff (NaN in e4m3fn) decode as +-480 (what their bits would mean).
-// The kernels build it the same way: magnitude bits to fp32 bits 26..20 plus an exponent bias of
-// 120, and for e == 0 one more exponent step minus 2^-6 (exact), so no fp32 subnormal ever
-// reaches an arithmetic instruction (denormal operands cost a microcode assist on Intel).
+// Built here from fp32 bits: magnitude bits to bits 26..20 plus an exponent bias of 120, and for
+// e == 0 one more exponent step minus 2^-6 (exact). The kernels take the fp16 route instead (the
+// byte's bits as fp16 = value * 2^-8, widened by vcvtph2ps, scale * 2^8), equal bit for bit; in
+// neither does an fp32 subnormal reach an arithmetic instruction (a microcode assist on Intel).
 inline float fp8_value(uint8_t b) {
   uint32_t bits = (uint32_t(b & 0x7f) << 20) + (120u << 23);
   float f;

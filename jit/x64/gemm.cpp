@@ -168,7 +168,7 @@ class GemmGenerator : public JitGenerator {
 
   // ---- loop nest --------------------------------------------------------------------------
   void generate() {
-    preamble(mx_ ? kMxScaleStack + kStripVecs * 64 : 16);
+    preamble(mx_ ? kMxScaleStack + kStripVecs * 64 : fp8_ ? kFp8ScaleStack + 2 * 64 : 16);
     load_params();
     Label strip_loop, done;
     mov(reg_tmp, arg(offsetof(GemmArgs, n_strips)));
@@ -283,6 +283,7 @@ class GemmGenerator : public JitGenerator {
     jle(done, T_NEAR);
     L(group);
     {
+      fp8_group_scales();
       mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
       cmp(reg_gk, reg_k);
       cmovg(reg_gk, reg_k);  // the last group may be short
@@ -553,37 +554,68 @@ class GemmGenerator : public JitGenerator {
     }
   }
 
-  // fp8: sign-extend the byte; its 7 magnitude bits to fp32 bits 26..20 plus exponent bias 120
-  // (exact e4m3 for e > 0); e == 0 lanes (subnormal codes) get one more exponent step and lose
-  // 2^-6, exact too, so no fp32 subnormal is ever an operand; the sign from bit 31; then the
-  // strip half's group scale; then one FMA per row.
+  // fp8: the byte as fp16 bits — sign-extended to a word, << 7, & 0xbf80 keeps the sign and the
+  // 7 magnitude bits, i.e. the e4m3 value * 2^-8 (subnormal codes become fp16 subnormals) — then
+  // vcvtph2ps widens it exactly (no fp32 subnormal is ever an operand); times the strip half's
+  // group scale * 2^8 (fp8_group_scales, exact), so w' rounds exactly as value * scale; then one
+  // FMA per row. The NaN codes (S.1111.111) decode as +-480 * scale, as in gemm_ref.
+  static constexpr int kFp8ScaleStack = 16;  // [rsp]: strips left, [rsp + 8]: the scale table
+  // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there), others on the stack.
+  bool fp8_scale_regs() const { return zmm_isa() && mr_ <= 4; }
+  void fp8_mul_scale(const Xmm& w, int half) {
+    if (fp8_scale_regs())
+      vmulps(w, w, Zmm(28 + half));
+    else
+      vmulps(w, w, vmem(rsp + kFp8ScaleStack + half * vec_bytes()));
+  }
+  void fp8_group_scales() {
+    const Xmm t = vreg(num_vregs() - 2);  // a decode temporary: free between K steps
+    for (int h = 0; h < 2; ++h) {
+      vmovups(t, vmem(reg_gs + h * vec_bytes()));
+      vmulps(t, t, cpool(c_f256_));
+      if (fp8_scale_regs())
+        vmovaps(Zmm(28 + h), t);
+      else
+        vmovups(vmem(rsp + kFp8ScaleStack + h * vec_bytes()), t);
+    }
+  }
   void microkernel_fp8(int u) {
     for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 4 * u]);
-    const Xmm t = vreg(num_vregs() - 2), w = vreg(num_vregs() - 1);
     const int half_vecs = key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_;
+    const int ti = num_vregs() - 2;
     for (int v = 0; v < nv_; ++v) {
       const RegExp wm = reg_w + u * step_bytes() + v * lanes_;
-      vpmovsxbd(t, zmm_isa() ? Address(xword[wm]) : Address(qword[wm]));
-      vpslld(w, t, 25);
-      vpsrld(w, w, 5);
-      if (zmm_isa()) {
-        vpaddd(w, w, ptr_b[rip + c_fp8_bias_]);
-        vptestnmd(k1, t, ptr_b[rip + c_fp8_exp_]);
-        vpaddd(w | k1, w, ptr_b[rip + c_fp8_step_]);
-        vsubps(w | k1, w, ptr_b[rip + c_fp8_sub_]);
-        vpternlogd(w, t, ptr_b[rip + c_sign_], 0xd8);  // sign bit from t, the rest from w
-      } else {
-        const Xmm alt = vreg(8), msk = vreg(9);  // free: AVX2 fp8 tiles use 8 accumulators
-        vpaddd(w, w, cpool(c_fp8_bias_));
-        vpand(msk, t, cpool(c_fp8_exp_));
-        vpcmpeqd(msk, msk, cpool(c_zero_));
-        vpaddd(alt, w, cpool(c_fp8_step_));
-        vsubps(alt, alt, cpool(c_fp8_sub_));
-        vblendvps(w, w, alt, msk);
-        vpand(t, t, cpool(c_sign_));
-        vpor(w, w, t);
+      Xmm w;
+      if (zmm_isa() && v + 1 < nv_ && (v < half_vecs) == (v + 1 < half_vecs)) {
+        // Two vectors of one strip half at once: 32 bytes -> 32 words, one shift and mask.
+        const Zmm lo(ti), hi(ti + 1);
+        vpmovsxbw(lo, yword[wm]);
+        vpsllw(lo, lo, 7);
+        vpandd(lo, lo, zword[rip + c_f16_mask_]);
+        vextracti64x4(Ymm(ti + 1), lo, 1);
+        vcvtph2ps(hi, Ymm(ti + 1));
+        vcvtph2ps(lo, Ymm(ti));
+        fp8_mul_scale(lo, v < half_vecs ? 0 : 1);
+        fp8_mul_scale(hi, v < half_vecs ? 0 : 1);
+        for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), lo, row_bcast(m));
+        for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v + 1), hi, row_bcast(m));
+        ++v;
+        continue;
       }
-      vmulps(w, w, vmem(reg_gs + (v < half_vecs ? 0 : vec_bytes())));
+      if (zmm_isa()) {
+        vpmovsxbw(Ymm(ti), xword[wm]);
+        vpsllw(Ymm(ti), Ymm(ti), 7);
+        vpandd(Ymm(ti), Ymm(ti), yword[rip + c_f16_mask_]);
+        vcvtph2ps(Zmm(ti), Ymm(ti));
+        w = Zmm(ti);
+      } else {
+        vpmovsxbw(Xmm(ti), qword[wm]);
+        vpsllw(Xmm(ti), Xmm(ti), 7);
+        vpand(Xmm(ti), Xmm(ti), xword[rip + c_f16_mask_]);
+        vcvtph2ps(Ymm(ti), Xmm(ti));
+        w = Ymm(ti);
+      }
+      fp8_mul_scale(w, v < half_vecs ? 0 : 1);
       for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), w, row_bcast(m));
     }
   }
@@ -872,10 +904,7 @@ class GemmGenerator : public JitGenerator {
   void emit_constants() {
     align(64);
     emit_const32(c_ones16_, 0x00010001u);
-    emit_const32(c_fp8_bias_, 120u << 23);
-    emit_const32(c_fp8_exp_, 0x78u);
-    emit_const32(c_fp8_step_, 1u << 23);
-    emit_const32(c_fp8_sub_, f32_bits(0.015625f));
+    emit_const32(c_f256_, f32_bits(256.0f));
     emit_const32(c_zero_, 0u);
     emit_const32(c_f0_, 0xf0f0f0f0u);
     emit_const32(c_0f_, 0x0f0f0f0fu);
@@ -899,8 +928,8 @@ class GemmGenerator : public JitGenerator {
   const bool qg_, qg4_, qgb_, gsum_, nib_;
   const bool mx4_, mx8_, mx_;
   Label c_0f_, c_e2m1_, c_f16_mask_;
-  Label c_ones16_, c_fp8_bias_, c_fp8_exp_, c_fp8_step_, c_fp8_sub_, c_zero_, c_f0_, c_sign_,
-      c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
+  Label c_ones16_, c_f256_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_,
+      c_one_;
 };
 
 }  // namespace
