@@ -76,6 +76,9 @@ struct GemmArgs {
   // mxfp4 / mxfp8 siluup kernels with kSwigluClamp / kSwigluAlpha: L and alpha (SPEC §4).
   float swiglu_limit;
   float swiglu_alpha;
+  // AMX-BF16 prefill only: per-thread scratch of k4 * 32 * n_vec bytes, where the kernel lays out
+  // each strip as B tiles (k pairs interleaved) once and reuses it for every M block.
+  void* scratch;
 };
 static_assert(offsetof(GemmArgs, m_blocks) == 88, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, g_per_strip) == 112, "GemmArgs is part of the kernel ABI");
@@ -83,6 +86,7 @@ static_assert(offsetof(GemmArgs, lut) == 120, "GemmArgs is part of the kernel AB
 static_assert(offsetof(GemmArgs, a_gsum_ld) == 136, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, swiglu_limit) == 144, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, swiglu_alpha) == 148, "GemmArgs is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, scratch) == 152, "GemmArgs is part of the kernel ABI");
 
 using GemmFn = void (*)(const GemmArgs*);
 

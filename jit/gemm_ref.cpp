@@ -1,9 +1,11 @@
 // Plain C++ twin of the generated INT8 kernels. Every rounding point mirrors the generated code:
 // fmaf where the kernel uses an FMA, separate multiplies where it multiplies. Built with
 // -ffp-contract=off so the compiler does not fuse on its own.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "jit/amx_model.hpp"
 #include "jit/gemm.hpp"
 
 namespace ktjit {
@@ -228,7 +230,25 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
         const int64_t m = b * rows + r;
         const int8_t* a = args.a + m * args.lda;
         float y[64];
-        for (int n = 0; n < cols && bf16; ++n) {
+        for (int n = 0; n < cols && bf16 && key.isa == IsaLevel::amx; ++n) {
+          // AMX-BF16: bf16 activations; one TDPBF16PS per block of 16 k pairs (then the tail),
+          // as the SDM's pseudo-code (and the tile model) computes each element.
+          const uint16_t* a16 = reinterpret_cast<const uint16_t*>(a);
+          const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
+          const int64_t pairs = args.k4 / 2;
+          float acc = 0.0f;
+          for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+            const int kk = int(std::min<int64_t>(16, pairs - p0));
+            uint16_t b[32];
+            for (int i = 0; i < kk; ++i) {
+              b[2 * i] = wb[(2 * (p0 + i)) * cols + n];
+              b[2 * i + 1] = wb[(2 * (p0 + i) + 1) * cols + n];
+            }
+            acc = amx::tdpbf16ps_element(acc, a16 + 2 * p0, b, 2, kk);
+          }
+          y[n] = acc;
+        }
+        for (int n = 0; n < cols && bf16 && key.isa != IsaLevel::amx; ++n) {
           const float* af = reinterpret_cast<const float*>(a);
           const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
           float acc = 0.0f;

@@ -259,8 +259,9 @@ const char* built_methods() {
 
 GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs,
                                    uint8_t variant) {
-  // amx: AMX-INT8 prefill tiles for experts with >= 16 rows (docs/ARCHITECTURE.md "AMX"); decode,
-  // short experts, remainders and the other formats run the avx512_bf16 kernels.
+  // amx: AMX-INT8 (int8) and AMX-BF16 (bf16) prefill tiles for experts with >= 16 rows
+  // (docs/ARCHITECTURE.md "AMX"); decode, short experts, remainders and the other formats run the
+  // avx512_bf16 kernels.
   const bool amx = isa == IsaLevel::amx;
   if (amx) isa = IsaLevel::avx512_bf16;
   GemmKernelSet ks;
@@ -285,7 +286,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
   }
   ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kStripVecs);
   ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
-  if (amx && fmt == WeightFormat::int8) {
+  if (amx && (fmt == WeightFormat::int8 || fmt == WeightFormat::bf16)) {
     ks.amx_rows = ks.amx_min_rows = 16;
     ks.amx_full = key(KernelKind::gemm_prefill, ks.amx_rows, kStripVecs);
     ks.amx_tail = key(KernelKind::gemm_prefill, ks.amx_rows, tail);
@@ -701,11 +702,33 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       }
     gsum = gs.data();
   }
+  // AMX-BF16 (bf16 weights at isa amx, >= 16 rows, K even): the tiles take bf16 activations,
+  // rounded here (RNE) once per call, and a per-thread scratch for the strip's B-tile layout.
+  const bool amx_bf16 =
+      ks.amx_rows && format_ == WeightFormat::bf16 && rows >= ks.amx_min_rows && layout.k % 2 == 0;
+  static thread_local std::vector<uint16_t> a16;
+  static thread_local std::vector<uint8_t> amx_scratch;
+  const int64_t amx_block_rows = amx_bf16 ? rows / ks.amx_rows * ks.amx_rows : 0;
+  if (amx_bf16) {
+    const int64_t K = layout.k;
+    a16.resize(size_t(amx_block_rows * K));
+    for (int64_t r = 0; r < amx_block_rows; ++r) {
+      const float* x = reinterpret_cast<const float*>(a + r * lda);
+      for (int64_t k = 0; k < K; ++k) a16[size_t(r * K + k)] = formats::f32_to_bf16(x[k]);
+    }
+    amx_scratch.resize(size_t(layout.k4 * 32 * kStripVecs));
+  }
   auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
                   int64_t m_blocks) {
     GemmArgs args;
     args.a = a + row0 * lda;
     args.lda = lda;
+    args.scratch = nullptr;
+    if (key.isa == IsaLevel::amx && key.format == WeightFormat::bf16) {
+      args.a = reinterpret_cast<const int8_t*>(a16.data() + row0 * layout.k);
+      args.lda = layout.k * 2;
+      args.scratch = amx_scratch.data();
+    }
     args.w = w + layout.strip_offset(s0);
     args.n_strips = ns;
     args.k4 = layout.k4;
@@ -749,7 +772,8 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     for (int64_t c0 = s0, n = 0; c0 < s1; c0 += n) {
       n = std::min(chunk, s1 - c0);
       int64_t row = 0;
-      if (ks.amx_rows && rows >= ks.amx_min_rows) {  // AMX tiles, then the rest as below
+      if (ks.amx_rows && rows >= ks.amx_min_rows &&
+          (format_ != WeightFormat::bf16 || amx_bf16)) {  // AMX tiles, then the rest as below
         const int64_t blocks = rows / ks.amx_rows;
         call(tail ? ks.amx_tail : ks.amx_full,
              ref ? nullptr : (tail ? ks.amx_tail_k : ks.amx_full_k), c0, n, 0, blocks);

@@ -10,6 +10,13 @@
 //   tmm4+v C of vector v (v < n_vec), m_r rows x 16 int32
 // TDPBUSD multiplies unsigned A bytes by signed B bytes: activations arrive as a + 128 like the
 // VNNI levels, and the epilogue subtracts w_comp = 128 * sum(w), so the int32 result is exact.
+//
+// AMX-BF16 (WeightFormat::bf16, TDPBF16PS): the same nest over k pairs. Activations arrive as
+// bf16 rows (the caller rounds them, RNE); the strip's [k][column] bf16 layout is not a B tile,
+// so at each strip the kernel first writes it to args.scratch as [k/2][column][2] (k pairs
+// interleaved: 64 bytes per pair and vector, zero-extend + shift + or), then every M block
+// loads its B tiles from there (K even; blocks of 16 pairs, then a tail of (K/2) % 16 pairs).
+// The fp32 C tiles are the results: no scales, the epilogue as the bf16 FMA kernels'.
 #include "jit/x64/amx_gemm.hpp"
 
 #include <cstddef>
@@ -32,10 +39,15 @@ constexpr int kCTileBytes = kAmxTileRows * 64;
 class AmxGemmGenerator : public JitGenerator {
  public:
   AmxGemmGenerator(const KernelKey& key, std::vector<amx::AmxOp>* log)
-      : JitGenerator(IsaLevel::amx), key_(key), log_(log), nv_(key.n_vec), mr_(key.m_r) {
+      : JitGenerator(IsaLevel::amx),
+        key_(key),
+        log_(log),
+        nv_(key.n_vec),
+        mr_(key.m_r),
+        bf16_(key.format == WeightFormat::bf16) {
     if (!amx_gemm_supported(key))
       throw std::invalid_argument("amx gemm: unsupported key " + key.describe() +
-                                  " (AMX kernels: prefill, int8, m_r 1..16, n_vec 1..4)");
+                                  " (AMX kernels: prefill, int8 or bf16, m_r 1..16, n_vec 1..4)");
     generate();
   }
 
@@ -106,8 +118,38 @@ class AmxGemmGenerator : public JitGenerator {
   }
   void t_dp(int c, int a, int b) {
     const size_t s = getSize();
+    if (bf16_) {
+      tdpbf16ps(Tmm(c), Tmm(a), Tmm(b));
+      record(amx::Op::tdpbf16ps, s, c, a, b);
+      return;
+    }
     tdpbusd(Tmm(c), Tmm(a), Tmm(b));
     record(amx::Op::tdpbusd, s, c, a, b);
+  }
+  // Bytes of one K step of the packed strip: int8, 4 k per column (4 bytes); bf16, 1 k (2 bytes).
+  int strip_step_bytes() const { return bf16_ ? strip_cols() * 2 : row_bytes(); }
+  // bf16: the strip at reg_strip as B tiles at args.scratch, pair p of vector v at
+  // p * row_bytes() + v * 64: dword c = w[2p][c] | w[2p + 1][c] << 16.
+  void repack_strip() {
+    Label pair_loop, done;
+    mov(rcx, arg(offsetof(GemmArgs, scratch)));
+    mov(rdx, reg_strip);
+    mov(rax, arg(offsetof(GemmArgs, k4)));
+    shr(rax, 1);
+    jz(done, T_NEAR);
+    L(pair_loop);
+    for (int v = 0; v < nv_; ++v) {
+      vpmovzxwd(zmm0, yword[rdx + v * 32]);
+      vpmovzxwd(zmm1, yword[rdx + strip_step_bytes() + v * 32]);
+      vpslld(zmm1, zmm1, 16);
+      vpord(zmm0, zmm0, zmm1);
+      vmovups(zword[rcx + v * 64], zmm0);
+    }
+    add(rdx, 2 * strip_step_bytes());
+    add(rcx, row_bytes());
+    dec(rax);
+    jnz(pair_loop, T_NEAR);
+    L(done);
   }
 
   // ---- loop nest ---------------------------------------------------------------------------
@@ -130,6 +172,7 @@ class AmxGemmGenerator : public JitGenerator {
     L(strip_loop);
     {
       mov(reg_strip, reg_w);
+      if (bf16_) repack_strip();
       Label mb_loop, mb_done;
       xor_(reg_row.cvt32(), reg_row.cvt32());
       mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
@@ -144,7 +187,7 @@ class AmxGemmGenerator : public JitGenerator {
       }
       L(mb_done);
       mov(rax, arg(offsetof(GemmArgs, k4)));
-      imul(rax, rax, row_bytes());
+      imul(rax, rax, strip_step_bytes());
       lea(reg_w, ptr[reg_strip + rax]);  // next strip
       add(reg_wscale, strip_cols() * 4);
       add(reg_comp, strip_cols() * 4);
@@ -165,6 +208,7 @@ class AmxGemmGenerator : public JitGenerator {
     vmovups(zword[rsp + kCfgOff], zmm0);
     Label no_tail;
     mov(rax, arg(offsetof(GemmArgs, k4)));
+    if (bf16_) shr(eax, 1);  // k pairs
     and_(eax, 15);
     jz(no_tail, T_NEAR);
     mov(byte[rsp + kCfgOff + 48 + kTileATail], mr_);
@@ -182,11 +226,14 @@ class AmxGemmGenerator : public JitGenerator {
     mov(reg_a, reg_row);
     imul(reg_a, reg_lda);
     add(reg_a, arg(offsetof(GemmArgs, a)));
-    mov(reg_w, reg_strip);
+    if (bf16_)
+      mov(reg_w, arg(offsetof(GemmArgs, scratch)));
+    else
+      mov(reg_w, reg_strip);
     for (int v = 0; v < nv_; ++v) t_zero(kTileC + v);
     Label kb_loop, kb_done, no_tail;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
-    shr(reg_k, 4);
+    shr(reg_k, bf16_ ? 5 : 4);  // blocks of 16 k4 steps / 16 k pairs
     jz(kb_done, T_NEAR);
     L(kb_loop);
     {
@@ -201,7 +248,7 @@ class AmxGemmGenerator : public JitGenerator {
       jnz(kb_loop, T_NEAR);
     }
     L(kb_done);
-    test(byte[reg_args + offsetof(GemmArgs, k4)], 15);
+    test(byte[reg_args + offsetof(GemmArgs, k4)], bf16_ ? 31 : 15);
     jz(no_tail, T_NEAR);
     t_load(kTileATail, reg_a, reg_lda, 0);
     for (int v = 0; v < nv_; ++v) {
@@ -233,9 +280,10 @@ class AmxGemmGenerator : public JitGenerator {
     L(row_loop);
     {
       const Zmm s = zmm28, t = zmm29;
-      vbroadcastss(s, dword[rax]);
+      if (!bf16_) vbroadcastss(s, dword[rax]);
       for (int v = 0; v < nv_; ++v) {
         vmovups(acc(v), zword[reg_k + v * kCTileBytes]);
+        if (bf16_) continue;  // fp32 results as they are (bf16 weights carry no scales)
         vpsubd(acc(v), acc(v), zword[reg_comp + v * 64]);
         vcvtdq2ps(acc(v), acc(v));
         vmulps(t, s, zword[reg_wscale + v * 64]);
@@ -323,6 +371,7 @@ class AmxGemmGenerator : public JitGenerator {
   const KernelKey key_;
   std::vector<amx::AmxOp>* log_;
   const int nv_, mr_;
+  const bool bf16_;
   Label c_cfg_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
 };
 
@@ -330,8 +379,8 @@ class AmxGemmGenerator : public JitGenerator {
 
 bool amx_gemm_supported(const KernelKey& key) {
   return key.isa == IsaLevel::amx && key.kind == KernelKind::gemm_prefill &&
-         key.format == WeightFormat::int8 && key.m_r >= 1 && key.m_r <= kAmxTileRows &&
-         key.n_vec >= 1 && key.n_vec <= kStripVecs &&
+         (key.format == WeightFormat::int8 || key.format == WeightFormat::bf16) && key.m_r >= 1 &&
+         key.m_r <= kAmxTileRows && key.n_vec >= 1 && key.n_vec <= kStripVecs &&
          !(key.epilogue == Epilogue::siluup && key.n_vec % 2);
 }
 

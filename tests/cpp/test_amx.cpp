@@ -23,6 +23,7 @@
 #include <sstream>
 #include <string>
 
+#include "formats/convert.hpp"
 #include "formats/int8.hpp"
 #include "jit/amx_model.hpp"
 #include "jit/code_memory.hpp"
@@ -37,11 +38,11 @@ namespace {
 
 using amx::AmxOp;
 
-KernelKey amx_key(int m_r, int nv, Epilogue epi) {
+KernelKey amx_key(int m_r, int nv, Epilogue epi, WeightFormat fmt = WeightFormat::int8) {
   KernelKey k;
   k.kind = KernelKind::gemm_prefill;
   k.isa = IsaLevel::amx;
-  k.format = WeightFormat::int8;
+  k.format = fmt;
   k.m_r = uint8_t(m_r);
   k.n_vec = uint8_t(nv);
   k.epilogue = epi;
@@ -55,6 +56,7 @@ std::vector<KernelKey> all_amx_keys() {
       for (int m : {1, 2, 7, 15, 16}) {
         if (epi == Epilogue::siluup && nv % 2) continue;
         keys.push_back(amx_key(m, nv, epi));
+        keys.push_back(amx_key(m, nv, epi, WeightFormat::bf16));
       }
   return keys;
 }
@@ -557,9 +559,126 @@ TEST(AmxExecution, TileModelRunMatchesReferenceBitwise) {
       static_cast<unsigned long long>(traps), static_cast<unsigned long long>(dps));
 }
 
+// AMX-BF16: the same split (16-row blocks, then one shorter block) against gemm_ref's TDPBF16PS
+// twin bit for bit, and the twin against a float64 dot product of the same bf16 values within
+// the bound of its fp32 roundings (store epilogue).
+void check_problem_bf16(const Problem& p, uint64_t* traps, uint64_t* dps) {
+  const int sources = p.epi == Epilogue::siluup ? 2 : 1;
+  const auto l = formats::StripLayout::make(p.N, p.K, 16, kStripVecs, sources, 16);
+  std::vector<std::vector<float>> wf;
+  for (int s = 0; s < sources; ++s)
+    wf.push_back(test::random_floats(size_t(p.N * p.K), p.seed + 10 * uint32_t(s), 0.5f));
+  const float* ws[2] = {wf[0].data(), wf.back().data()};
+  std::vector<uint16_t> w(size_t(l.total_bytes() / 2));
+  std::vector<float> scale(size_t(l.total_cols()));
+  std::vector<int32_t> comp(size_t(l.total_cols()));
+  formats::pack_bf16_strips(l, ws, w.data(), scale.data(), comp.data());
+  const int64_t lda = p.K * 2 + 64;  // bytes; rows of bf16 activations
+  std::vector<uint16_t> a(size_t(p.M * lda / 2));
+  const std::vector<float> af = test::random_floats(a.size(), p.seed + 1, 2.0f);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = formats::f32_to_bf16(af[i]);
+  std::vector<uint8_t> scratch(size_t(l.k4 * 32 * kStripVecs));
+  std::vector<float> ones(size_t(p.M), 1.0f);
+  std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
+  const int64_t stride = l.total_cols() + 16;
+  const std::vector<float> init = test::random_floats(size_t(p.M * stride), p.seed + 4, 0.5f);
+  std::vector<float> out_amx = init, out_ref = init;
+  auto rows_of = [&](std::vector<float>& buf) {
+    std::vector<float*> r;
+    for (int64_t m = 0; m < p.M; ++m) r.push_back(buf.data() + ((m * 7) % p.M) * stride);
+    return r;
+  };
+  std::vector<float*> r_amx = rows_of(out_amx), r_ref = rows_of(out_ref);
+  const int full_cols = l.strip_cols(l.strip_vecs);
+  auto args_for = [&](int64_t s0, int64_t ns, int64_t row0, int64_t blocks,
+                      std::vector<float*>& rows) {
+    GemmArgs g{};
+    g.a = reinterpret_cast<const int8_t*>(a.data()) + row0 * lda;
+    g.lda = lda;
+    g.w = reinterpret_cast<const int8_t*>(w.data()) + l.strip_offset(s0);
+    g.n_strips = ns;
+    g.k4 = l.k4;
+    g.a_scale = ones.data() + row0;
+    g.w_scale = scale.data() + s0 * full_cols;
+    g.w_comp = comp.data() + s0 * full_cols;
+    g.out_rows = rows.data() + row0;
+    g.out_col = s0 * gemm_strip_out_cols(IsaLevel::amx, l.strip_vecs, p.epi);
+    g.row_weight = rw.data() + row0;
+    g.m_blocks = blocks;
+    g.scratch = scratch.data();
+    return g;
+  };
+  for (int part = 0; part < 2; ++part) {
+    const int64_t s0 = part ? l.full_strips : 0;
+    const int64_t ns = part ? (l.tail_vecs ? 1 : 0) : l.full_strips;
+    const int nv = part ? l.tail_vecs : l.strip_vecs;
+    if (ns == 0) continue;
+    const int64_t blocks = p.M / 16, rem = p.M % 16;
+    for (int step = 0; step < 2; ++step) {
+      const int m_r = step ? int(rem) : 16;
+      const int64_t nb = step ? (rem ? 1 : 0) : blocks, row0 = step ? blocks * 16 : 0;
+      if (nb == 0) continue;
+      const KernelKey key = amx_key(m_r, nv, p.epi, WeightFormat::bf16);
+      Trap trap;
+      const std::string err = run_amx(amx_kernel(key), args_for(s0, ns, row0, nb, r_amx), &trap);
+      ASSERT_EQ(err, "") << key.name() << " " << p.repro();
+      *traps += trap.traps;
+      *dps += trap.tm.counters.dp;
+      if (!kNativeAmx) {
+        const uint64_t pairs = uint64_t(p.K / 2), kb = pairs / 16 + (pairs % 16 ? 1 : 0);
+        EXPECT_EQ(trap.tm.counters.dp, kb * uint64_t(nv) * uint64_t(nb) * uint64_t(ns));
+      }
+      gemm_ref(key, args_for(s0, ns, row0, nb, r_ref));
+    }
+  }
+  ASSERT_EQ(0, std::memcmp(out_amx.data(), out_ref.data(), out_amx.size() * 4))
+      << "AMX-BF16 kernels differ from gemm_ref" << (kNativeAmx ? " (native AMX)" : "") << ": "
+      << p.repro();
+  if (p.epi != Epilogue::store) return;
+  // The twin against float64 over the same bf16 values: per element at most ~K/16 + 17 fp32
+  // roundings of partial sums bounded by sum |a w| (no subnormals in this data).
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t n = 0; n < p.N; ++n) {
+      double dot = 0, mag = 0;
+      for (int64_t k = 0; k < p.K; ++k) {
+        const double x = formats::bf16_to_f32(a[size_t(m * lda / 2 + k)]);
+        const double y = formats::bf16_to_f32(formats::f32_to_bf16(wf[0][size_t(n * p.K + k)]));
+        dot += x * y;
+        mag += std::fabs(x * y);
+      }
+      const float got = r_ref[size_t(m)][n];
+      const double bound = (double(p.K) / 16 + 18) * std::ldexp(1.0, -24) * mag + 1e-30;
+      ASSERT_LE(std::fabs(double(got) - dot), bound) << p.repro() << " m=" << m << " n=" << n;
+    }
+}
+
+TEST(AmxExecution, Bf16TileRunMatchesReferenceBitwise) {
+  if (int(detected_isa()) < int(IsaLevel::avx512))
+    GTEST_SKIP() << "needs AVX-512 to run the kernels' non-tile instructions";
+  const int64_t Ms[] = {1, 16, 17, 40};
+  const int64_t Ns[] = {16, 64, 100};
+  const int64_t Ks[] = {2, 30, 32, 34, 96, 130};
+  uint32_t seed = 500;
+  uint64_t traps = 0, dps = 0;
+  size_t n = 0;
+  for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+    for (int64_t M : Ms)
+      for (int64_t N : Ns)
+        for (int64_t K : Ks) {
+          check_problem_bf16({epi, M, N, K, seed++}, &traps, &dps);
+          if (HasFatalFailure()) return;
+          ++n;
+        }
+  if (!kNativeAmx) EXPECT_GT(dps, 100u);
+  std::printf(
+      "[ AMX-BF16 ] %zu problems, %llu tile instructions trapped and modelled "
+      "(%llu TDPBF16PS)\n",
+      n, static_cast<unsigned long long>(traps), static_cast<unsigned long long>(dps));
+}
+
 // ---- selection: which kernels an amx layer uses ------------------------------------------------
 
-TEST(AmxSelection, AmxLayerUsesAmxPrefillForInt8AndVnniOtherwise) {
+TEST(AmxSelection, AmxLayerUsesAmxPrefillForInt8AndBf16AndAvx512Otherwise) {
   const GemmKernelSet ks =
       make_gemm_kernel_set(IsaLevel::amx, WeightFormat::int8, Epilogue::siluup, 2);
   EXPECT_EQ(ks.amx_rows, 16);
@@ -582,14 +701,22 @@ TEST(AmxSelection, AmxLayerUsesAmxPrefillForInt8AndVnniOtherwise) {
     EXPECT_GT(KernelCache::generate_only(k)->code.size(), 100u) << k.name();
   }
   EXPECT_EQ(amx_keys, 3);  // gate/up full + tail strip (I = 80), down (H = 128: no tail)
+  // bf16 at amx: AMX-BF16 prefill tiles the same way
+  const GemmKernelSet b =
+      make_gemm_kernel_set(IsaLevel::amx, WeightFormat::bf16, Epilogue::accum, 0);
+  EXPECT_EQ(b.amx_rows, 16);
+  EXPECT_EQ(b.amx_full.isa, IsaLevel::amx);
+  EXPECT_EQ(b.amx_full.format, WeightFormat::bf16);
   // other formats at amx: no AMX kernels (yet), the avx512_bf16 ones
-  for (WeightFormat f : {WeightFormat::int4, WeightFormat::bf16, WeightFormat::fp8}) {
+  for (WeightFormat f : {WeightFormat::int4, WeightFormat::fp8}) {
     const GemmKernelSet o = make_gemm_kernel_set(IsaLevel::amx, f, Epilogue::accum, 0);
     EXPECT_EQ(o.amx_rows, 0);
     for (const KernelKey& k : o.keys()) EXPECT_NE(k.isa, IsaLevel::amx);
   }
-  // AMX generates int8 prefill only; anything else is refused
-  KernelKey bad = amx_key(16, 4, Epilogue::store);
+  // AMX generates int8 and bf16 prefill only; anything else is refused
+  KernelKey bad = amx_key(16, 4, Epilogue::store, WeightFormat::fp8);
+  EXPECT_THROW(KernelCache::generate_only(bad), std::invalid_argument);
+  bad = amx_key(16, 4, Epilogue::store);
   bad.kind = KernelKind::gemm_decode;
   EXPECT_THROW(KernelCache::generate_only(bad), std::invalid_argument);
   bad = amx_key(17, 4, Epilogue::store);

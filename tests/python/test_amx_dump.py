@@ -36,10 +36,21 @@ def test_dump_kernels_amx_lists_amx_and_avx512bf16_kernels():
 
 
 @x86_only
+def test_dump_kernels_amx_bf16_uses_tdpbf16ps_tiles():
+    names = [k["name"] for k in _core.dump_kernels("BF16", 8, 2, 256, 80, "amx")]
+    assert sorted(n for n in names if "_amx_" in n) == [
+        "gemm_prefill_bf16_amx_m16n32_siluup",
+        "gemm_prefill_bf16_amx_m16n64_accum",
+        "gemm_prefill_bf16_amx_m16n64_siluup",
+    ]
+    assert any(n.startswith("gemm_decode_bf16_avx512bf16_m1") for n in names)
+
+
+@x86_only
 def test_dump_kernels_amx_other_formats_have_no_amx_kernels():
-    for method in ("AMXINT4", "BF16"):
+    for method in ("AMXINT4", "FP8", "MXFP4", "RAWINT4"):
         names = [k["name"] for k in _core.dump_kernels(method, 8, 2, 256, 80, "amx")]
-        assert names and not any("_amx_" in n for n in names), names
+        assert names and not any("_amx_" in n for n in names), (method, names)
 
 
 @x86_only
@@ -110,3 +121,24 @@ def test_amx_layer_matches_reference_on_amx_hardware():
     from kt_jit.cli import _self_test
 
     assert _self_test("amx", "AMXINT8") == ""
+
+
+@x86_only
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) not installed")
+def test_kt_jit_dump_cli_prints_bf16_tile_instructions(tmp_path):
+    env = dict(os.environ)
+    env.pop("KT_JIT_ISA", None)
+    p = subprocess.run(
+        [sys.executable, "-m", "kt_jit.dump", "--isa", "amx", "--method", "BF16"]
+        + ["--hidden", "256", "--intermediate", "80", "--out", str(tmp_path)],
+        capture_output=True,
+        check=False,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    listing = p.stdout.split("== gemm_prefill_bf16_amx_m16n64_siluup")[1].split("\n==")[0]
+    for mnemonic in ("ldtilecfg", "vpmovzxwd", "tileloadd", "tdpbf16ps", "tilerelease"):
+        assert mnemonic in listing, mnemonic
+    assert "(bad)" not in listing.split("\tret")[0]
