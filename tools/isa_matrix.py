@@ -157,7 +157,7 @@ def main(argv=None) -> int:
                     cell = f"generated ({len(ks)} kernels)" if ks else "not supported"
                     n_amx = sum("_amx_" in k["name"] for k in ks)
                     if level == "amx" and ks and not n_amx:
-                        cell = f"generated ({len(ks)} avx512_bf16 kernels; no AMX generator yet)"
+                        cell = f"generated ({len(ks)} avx512_bf16 kernels; no AMX generator for this format)"
                     elif level == "amx" and n_amx:
                         cell = f"generated ({len(ks)} kernels, {n_amx} AMX)"
                         cell += (
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
             for i, level in enumerate(all_levels):
                 t = theirs.get(level, "")
                 if t.startswith("native") and not cells[i].startswith("native"):
-                    how = t[len("native") :].split(" + emulated")[0].strip(" +")
+                    how = t[len("native") :].split(" + emulated")[0].strip(" +").strip("()")
                     how = f"; {how}" if how else ""
                     cells[i] = (
                         f"native on the {rep['isa']} host ({rep['date'][:10]}{how}; "
