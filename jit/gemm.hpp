@@ -102,6 +102,16 @@ inline bool int8_activation_offset(IsaLevel isa) {
 inline bool gemm_activation_offset(IsaLevel isa, WeightFormat fmt) {
   return fmt != WeightFormat::qgroup && int8_activation_offset(isa);
 }
+// mxfp4 / mxfp8 / fp8 decode kernels of <= 2 rows on AVX-512: each scale group's products are
+// summed unscaled (g = fma(a, w, g) in k order; w the decoded value, for fp8 and mxfp8 the value
+// * 2^-8) and folded in once per group, acc = fma(g, scale, acc) (scale * 2^8 for those two),
+// instead of multiplying every weight by its scale; jit/gemm_ref.cpp follows the same rule.
+inline bool decode_group_accumulate(const KernelKey& key) {
+  const bool fmt = key.format == WeightFormat::mxfp4 || key.format == WeightFormat::mxfp8 ||
+                   key.format == WeightFormat::fp8;
+  return fmt && key.kind == KernelKind::gemm_decode && key.m_r <= 2 &&
+         int(key.isa) >= int(IsaLevel::avx512) && !isa_is_neon(key.isa);
+}
 // qgroup: codes are stored (and the LUT passed) XOR 0x80 at this level.
 inline bool qgroup_flip_codes(IsaLevel isa) {
   return int8_activation_offset(isa);

@@ -165,6 +165,7 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
 // order; y = acc.
 void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
   const bool fp4 = key.format == WeightFormat::mxfp4;
+  const bool gacc = decode_group_accumulate(key);
   const int lanes = vec_lanes(key.isa);
   const int cols = key.n_vec * lanes;
   const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
@@ -178,7 +179,7 @@ void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
       const float* a = reinterpret_cast<const float*>(args.a + m * args.lda);
       float y[64];
       for (int n = 0; n < cols; ++n) {
-        float acc = 0.0f;
+        float acc = 0.0f, g = 0.0f;
         for (int64_t k = 0; k < K; ++k) {
           const uint8_t* gb = w + (k / G) * group_bytes;
           const uint32_t bits = uint32_t(gb[n]) << 23;
@@ -193,7 +194,15 @@ void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
           } else {
             v = mx_e4m3_scaled(gw[kl * cols + n]);
           }
-          acc = std::fma(a[k], v * scale, acc);
+          if (!gacc) {
+            acc = std::fma(a[k], v * scale, acc);
+            continue;
+          }
+          g = std::fma(a[k], v, g);  // the group's products unscaled, then one fold per group
+          if (kl == G - 1) {
+            acc = std::fma(g, scale, acc);
+            g = 0.0f;
+          }
         }
         y[n] = acc;
       }
@@ -221,6 +230,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
   const int rows = key.m_r;
   const int32_t offset = int8_activation_offset(key.isa) ? 128 : 0;
+  const bool gacc = decode_group_accumulate(key);
   const int8_t* w = args.w;
   for (int64_t s = 0; s < args.n_strips; ++s) {
     const float* wscale = args.w_scale + s * cols;
@@ -265,10 +275,20 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
           const int half = key.epilogue == Epilogue::siluup && n >= cols / 2 ? 1 : 0;
           const float* gs = args.w_gscale + s * args.g_per_strip * 2 * lanes;
-          float acc = 0.0f;
+          float acc = 0.0f, g = 0.0f;
           for (int64_t k = 0; k < args.k4; ++k) {
             const float scale = gs[((k / args.g_steps) * 2 + half) * lanes];
-            acc = std::fma(af[k], fp8_value(wb[k * cols + n]) * scale, acc);
+            if (!gacc) {
+              acc = std::fma(af[k], fp8_value(wb[k * cols + n]) * scale, acc);
+              continue;
+            }
+            // decode_group_accumulate: value * 2^-8 (the kernels' fp16 route, exact) summed per
+            // group, then folded with scale * 2^8 (exact) once per group.
+            g = std::fma(af[k], fp8_value(wb[k * cols + n]) * 0x1p-8f, g);
+            if (k % args.g_steps == args.g_steps - 1 || k == args.k4 - 1) {
+              acc = std::fma(g, scale * 256.0f, acc);
+              g = 0.0f;
+            }
           }
           y[n] = (args.a_scale[m] * wscale[n]) * acc;
         }

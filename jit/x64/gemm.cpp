@@ -42,7 +42,8 @@ class GemmGenerator : public JitGenerator {
         nib_(int4_ || qg4_),
         mx4_(key.format == WeightFormat::mxfp4),
         mx8_(key.format == WeightFormat::mxfp8),
-        mx_(mx4_ || mx8_) {
+        mx_(mx4_ || mx8_),
+        gacc_(decode_group_accumulate(key)) {
     if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
         key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8 && !qg_ && !mx_)
       throw std::invalid_argument(
@@ -284,6 +285,7 @@ class GemmGenerator : public JitGenerator {
     L(group);
     {
       fp8_group_scales();
+      if (gacc_) zero_gacc();
       mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
       cmp(reg_gk, reg_k);
       cmovg(reg_gk, reg_k);  // the last group may be short
@@ -303,6 +305,12 @@ class GemmGenerator : public JitGenerator {
       dec(reg_gk);
       jmp(tail, T_NEAR);
       L(gdone);
+      if (gacc_) {  // acc += g * (scale * 2^8): one rounding per group
+        const int half_vecs = key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_;
+        for (int m = 0; m < mr_; ++m)
+          for (int v = 0; v < nv_; ++v)
+            vfmadd231ps(acc(m, v), gacc(m, v), Zmm(28 + (v < half_vecs ? 0 : 1)));
+      }
       add(reg_gs, gs_strip_bytes_per_group());
       test(reg_k, reg_k);
       jnz(group, T_NEAR);
@@ -595,10 +603,13 @@ class GemmGenerator : public JitGenerator {
         vextracti64x4(Ymm(ti + 1), lo, 1);
         vcvtph2ps(hi, Ymm(ti + 1));
         vcvtph2ps(lo, Ymm(ti));
-        fp8_mul_scale(lo, v < half_vecs ? 0 : 1);
-        fp8_mul_scale(hi, v < half_vecs ? 0 : 1);
-        for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), lo, row_bcast(m));
-        for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v + 1), hi, row_bcast(m));
+        if (!gacc_) {
+          fp8_mul_scale(lo, v < half_vecs ? 0 : 1);
+          fp8_mul_scale(hi, v < half_vecs ? 0 : 1);
+        }
+        for (int m = 0; m < mr_; ++m) vfmadd231ps(gacc_ ? gacc(m, v) : acc(m, v), lo, row_bcast(m));
+        for (int m = 0; m < mr_; ++m)
+          vfmadd231ps(gacc_ ? gacc(m, v + 1) : acc(m, v + 1), hi, row_bcast(m));
         ++v;
         continue;
       }
@@ -615,6 +626,10 @@ class GemmGenerator : public JitGenerator {
         vcvtph2ps(Ymm(ti), Xmm(ti));
         w = Ymm(ti);
       }
+      if (gacc_) {
+        for (int m = 0; m < mr_; ++m) vfmadd231ps(gacc(m, v), w, row_bcast(m));
+        continue;
+      }
       fp8_mul_scale(w, v < half_vecs ? 0 : 1);
       for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), w, row_bcast(m));
     }
@@ -627,15 +642,26 @@ class GemmGenerator : public JitGenerator {
   static constexpr int kMxUnroll = 8;
   static constexpr int kMxScaleStack = 16;  // [rsp]: strips left; [rsp + 16]: the scales
   Address mx_scale(int v) const { return vmem(rsp + kMxScaleStack + v * vec_bytes()); }
+  // Tiles of up to 4 rows on zmm keep the group's scales in zmm20..23 (free there), the others
+  // on the stack.
+  bool mx_scale_regs() const { return zmm_isa() && mr_ <= 4; }
+  void mx_mul_scale(const Xmm& w, int v) {
+    if (mx_scale_regs())
+      vmulps(w, w, Zmm(20 + v));
+    else
+      vmulps(w, w, mx_scale(v));
+  }
   void mx_group_scales() {
     for (int v = 0; v < nv_; ++v) {
-      const Xmm t = zmm_isa() ? Xmm(Zmm(30)) : Xmm(Ymm(15));  // decode temporaries: free here
+      const Xmm t = mx_scale_regs() ? Xmm(Zmm(20 + v))
+                    : zmm_isa()     ? Xmm(Zmm(30))
+                                    : Xmm(Ymm(15));  // decode temporaries: free here
       if (zmm_isa())
         vpmovzxbd(t, xword[reg_w + v * lanes_]);
       else
         vpmovzxbd(t, qword[reg_w + v * lanes_]);
       vpslld(t, t, 23);
-      vmovups(mx_scale(v), t);
+      if (!mx_scale_regs()) vmovups(mx_scale(v), t);
     }
     add(reg_w, strip_cols());
   }
@@ -647,12 +673,16 @@ class GemmGenerator : public JitGenerator {
     L(group);
     {
       mx_group_scales();
+      if (gacc_) zero_gacc();
       mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
       L(inner);
       for (int u = 0; u < kMxUnroll; ++u) microkernel(u, prefetch_next);
       advance(kMxUnroll, prefetch_next);
       sub(reg_gk, kMxUnroll);
       jg(inner, T_NEAR);
+      if (gacc_)  // acc += g * 2^e (exact scaling, one rounding)
+        for (int m = 0; m < mr_; ++m)
+          for (int v = 0; v < nv_; ++v) vfmadd231ps(acc(m, v), gacc(m, v), Zmm(20 + v));
       sub(reg_k, arg(offsetof(GemmArgs, g_steps)));
       jg(group, T_NEAR);
     }
@@ -670,7 +700,6 @@ class GemmGenerator : public JitGenerator {
   void microkernel_mx(int u) {
     for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 4 * u]);
     for (int v = 0; v < nv_; ++v) {
-      const Address scale = mx_scale(v);
       Xmm w;
       if (mx4_ && zmm_isa()) {
         const Zmm idx(30), val(31);
@@ -715,7 +744,11 @@ class GemmGenerator : public JitGenerator {
         vcvtph2ps(val, t);
         w = val;
       }
-      vmulps(w, w, scale);
+      if (gacc_) {
+        for (int m = 0; m < mr_; ++m) vfmadd231ps(gacc(m, v), w, row_bcast(m));
+        continue;
+      }
+      mx_mul_scale(w, v);
       for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), w, row_bcast(m));
     }
   }
@@ -926,7 +959,13 @@ class GemmGenerator : public JitGenerator {
   const int lanes_, nv_, mr_;
   const bool vnni_, int4_, bf16_, fp8_, prefill_;
   const bool qg_, qg4_, qgb_, gsum_, nib_;
-  const bool mx4_, mx8_, mx_;
+  const bool mx4_, mx8_, mx_, gacc_;
+  // gacc_: the group accumulators of (row m, vector v), zmm8..15 (free with <= 2 rows).
+  Xmm gacc(int m, int v) const { return Zmm(8 + m * nv_ + v); }
+  void zero_gacc() {
+    for (int m = 0; m < mr_; ++m)
+      for (int v = 0; v < nv_; ++v) vpxord(gacc(m, v), gacc(m, v), gacc(m, v));
+  }
   Label c_0f_, c_e2m1_, c_f16_mask_;
   Label c_ones16_, c_f256_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_,
       c_one_;
