@@ -1,6 +1,8 @@
 #include "formats/mx.hpp"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -74,6 +76,48 @@ void mx_dequantize_row(bool fp4, const uint8_t* w, const uint8_t* e, int64_t k, 
     const float v = fp4 ? mx_e2m1(kk % 2 ? w[kk / 2] >> 4 : w[kk / 2] & 0x0f) : fp8_value(w[kk]);
     out[kk] = v * s;
   }
+}
+
+void quantize_mx_act_i16(const float* x, int64_t k, uint8_t* out) {
+  for (int64_t g = 0; g < k / kMxGroup; ++g, x += kMxGroup, out += kMxI16GroupBytes) {
+    float amax = 0.0f;
+    bool finite = true;
+    for (int i = 0; i < kMxGroup; ++i) {
+      amax = std::fmax(amax, std::fabs(x[i]));
+      finite = finite && std::isfinite(x[i]);
+    }
+    int16_t q[kMxGroup] = {};
+    float half_d;
+    if (!finite) {
+      half_d = std::numeric_limits<float>::quiet_NaN();
+    } else if (amax == 0.0f) {
+      half_d = 0.0f;
+    } else {
+      const float inv = 32767.0f / amax;
+      for (int i = 0; i < kMxGroup; ++i)
+        q[i] = int16_t(std::fmax(-32767.0f, std::fmin(32767.0f, std::nearbyint(x[i] * inv))));
+      half_d = amax / 32767.0f * 0.5f;
+    }
+    for (int b = 0; b < 4; ++b)
+      for (int s = 0; s < 4; ++s) {
+        const int16_t pair[2] = {q[8 * b + s], q[8 * b + s + 4]};
+        std::memcpy(out + (4 * b + s) * 4, pair, 4);
+      }
+    std::memcpy(out + 64, &half_d, 4);
+  }
+}
+
+int16_t mx_act_i16_code(const uint8_t* row, int64_t k) {
+  const int64_t g = k / kMxGroup, kl = k % kMxGroup, b = kl / 8, r = kl % 8;
+  int16_t q;
+  std::memcpy(&q, row + g * kMxI16GroupBytes + (4 * b + r % 4) * 4 + (r / 4) * 2, 2);
+  return q;
+}
+
+float mx_act_i16_half_scale(const uint8_t* row, int64_t group) {
+  float d;
+  std::memcpy(&d, row + group * kMxI16GroupBytes + 64, 4);
+  return d;
 }
 
 }  // namespace ktjit::formats

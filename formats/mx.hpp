@@ -38,4 +38,19 @@ void pack_mx_strips(const StripLayout& layout, bool fp4, const uint8_t* const* w
 // the kernels' w' (e = 0: 0 for MXFP4, 2^-127 for MXFP8).
 void mx_dequantize_row(bool fp4, const uint8_t* w, const uint8_t* e, int64_t k, float* out);
 
+// MXFP4 decode activations (jit/gemm.hpp mx_int16_activations): per 32-wide K group, q = the
+// values quantized to int16 against the group's own scale d = amax / 32767 (q = rne(x * 32767 /
+// amax), |q| <= 32767; an all-zero group gives d = 0), stored as 64 bytes of int16 pairs, the
+// dword of (block b = 0..3, step s = 0..3) holding (q[8b + s], q[8b + s + 4]), then d / 2 as fp32
+// (the kernels multiply the codes by 2 * e2m1, exact integers). A non-finite amax stores zero
+// codes and a NaN scale, so the output is NaN as with fp32 activations.
+constexpr int64_t kMxI16GroupBytes = 68;
+inline int64_t mx_act_i16_bytes(int64_t k) {
+  return k / kMxGroup * kMxI16GroupBytes;
+}
+void quantize_mx_act_i16(const float* x, int64_t k, uint8_t* out);
+// The int16 code of element k of a row in that layout, and the group's stored d / 2.
+int16_t mx_act_i16_code(const uint8_t* row, int64_t k);
+float mx_act_i16_half_scale(const uint8_t* row, int64_t group);
+
 }  // namespace ktjit::formats

@@ -112,6 +112,17 @@ inline bool decode_group_accumulate(const KernelKey& key) {
   return fmt && key.kind == KernelKind::gemm_decode && key.m_r <= 2 &&
          int(key.isa) >= int(IsaLevel::avx512) && !isa_is_neon(key.isa);
 }
+// mxfp4 decode kernels of <= 2 rows on AVX-512 (the decode_group_accumulate ones) take the
+// activations as int16 codes per 32-wide group (formats::quantize_mx_act_i16: 68 bytes a group,
+// (q[8b+s], q[8b+s+4]) pairs then d/2) and multiply them by the weights' 2 * e2m1 codes, exact
+// integers in [-12, 12], with vpdpwssd (avx512: vpmaddwd + vpaddd): the group sum is an exact
+// int32 (|sum| <= 32 * 12 * 32767 < 2^24, so also exact as fp32) and is folded in once,
+//   acc = fma(float(sum_g), scale_n * (d_g / 2), acc)        (scale_n = 2^(e - 127), exact)
+// The packed nibbles are read with vpermw over a 32-word table: each word holds 4 nibbles, so
+// 32 weights cost one shift, one permute and one dot instruction (fp32 decode: 16).
+inline bool mx_int16_activations(const KernelKey& key) {
+  return key.format == WeightFormat::mxfp4 && decode_group_accumulate(key);
+}
 // qgroup: codes are stored (and the LUT passed) XOR 0x80 at this level.
 inline bool qgroup_flip_codes(IsaLevel isa) {
   return int8_activation_offset(isa);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "formats/mx.hpp"
 #include "jit/amx_model.hpp"
 #include "jit/gemm.hpp"
 
@@ -173,9 +174,32 @@ void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
   const int64_t K = args.k4, G = args.g_steps;
   const int64_t group_bytes = cols + (fp4 ? G / 2 : G) * cols;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(args.w);
+  const bool i16 = mx_int16_activations(key);
   for (int64_t s = 0; s < args.n_strips; ++s, w += group_bytes * args.g_per_strip) {
     const int64_t col0 = args.out_col + s * out_cols;
-    for (int64_t m = 0; m < blocks * key.m_r; ++m) {
+    for (int64_t m = 0; m < blocks * key.m_r && i16; ++m) {  // exact int32 per group
+      const uint8_t* a = reinterpret_cast<const uint8_t*>(args.a + m * args.lda);
+      float y[64];
+      for (int n = 0; n < cols; ++n) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < K / G; ++g) {
+          const uint8_t* gb = w + g * group_bytes;
+          const uint32_t bits = uint32_t(gb[n]) << 23;
+          float scale;
+          std::memcpy(&scale, &bits, 4);
+          int32_t sum = 0;
+          for (int64_t kl = 0; kl < G; ++kl) {
+            const uint8_t b = gb[cols + ((kl / 8) * cols + n) * 4 + (kl % 8) / 2];
+            const int32_t code = int32_t(2.0f * mx_e2m1(kl % 2 ? b >> 4 : b & 0x0f));
+            sum += code * formats::mx_act_i16_code(a, g * G + kl);
+          }
+          acc = std::fma(float(sum), scale * formats::mx_act_i16_half_scale(a, g), acc);
+        }
+        y[n] = acc;
+      }
+      write_out(key, args, m, col0, y, cols);
+    }
+    for (int64_t m = 0; m < blocks * key.m_r && !i16; ++m) {
       const float* a = reinterpret_cast<const float*>(args.a + m * args.lda);
       float y[64];
       for (int n = 0; n < cols; ++n) {

@@ -729,6 +729,16 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       args.lda = layout.k * 2;
       args.scratch = amx_scratch.data();
     }
+    if (mx_int16_activations(key)) {  // the rows as int16 group codes (jit/gemm.hpp)
+      static thread_local std::vector<uint8_t> a_i16;
+      const int64_t bytes = formats::mx_act_i16_bytes(layout.k);
+      a_i16.resize(size_t(bytes * key.m_r));
+      for (int r = 0; r < key.m_r; ++r)
+        formats::quantize_mx_act_i16(reinterpret_cast<const float*>(a + (row0 + r) * lda), layout.k,
+                                     a_i16.data() + r * bytes);
+      args.a = reinterpret_cast<const int8_t*>(a_i16.data());
+      args.lda = bytes;
+    }
     args.w = w + layout.strip_offset(s0);
     args.n_strips = ns;
     args.k4 = layout.k4;

@@ -94,7 +94,10 @@ def test_mx_moe_vs_torch(ref, method, limit, alpha, T):
     expect = _reference(x, ids, w, gate, up, down, limit, alpha)
     err = ref.rel_l1(out, expect)
     assert err <= 1e-2, f"{method} L={limit} a={alpha} T={T}: relative L1 {err:.3g}"
-    assert err <= 1e-5, f"{method} L={limit} a={alpha} T={T}: relative L1 {err:.3g} (fp32-exact)"
+    # fp32 activations are exact to ~1e-6; MXFP4 decode tiles on AVX-512 quantize activations to
+    # int16 per 32-k group (docs/FORMATS.md), about 5e-5 here.
+    tight = 2e-4 if method == "MXFP4" else 1e-5
+    assert err <= tight, f"{method} L={limit} a={alpha} T={T}: relative L1 {err:.3g} (tight bar)"
     if limit > 0:  # the clamp binds for these shapes: the variant is really exercised
         plain = _reference(x, ids, w, gate, up, down, 0.0, alpha)
         assert ref.rel_l1(plain, expect) > 1e-3
