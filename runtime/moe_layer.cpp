@@ -718,6 +718,7 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     }
     amx_scratch.resize(size_t(layout.k4 * 32 * kStripVecs));
   }
+  int64_t i16_row0 = -1;  // first row of the int16 codes converted in this call (mxfp4 decode)
   auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
                   int64_t m_blocks) {
     GemmArgs args;
@@ -730,12 +731,16 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       args.scratch = amx_scratch.data();
     }
     if (mx_int16_activations(key)) {  // the rows as int16 group codes (jit/gemm.hpp)
+      // Once per run_gemm: the full and tail strips and every chunk reuse the same rows.
       static thread_local std::vector<uint8_t> a_i16;
       const int64_t bytes = formats::mx_act_i16_bytes(layout.k);
-      a_i16.resize(size_t(bytes * key.m_r));
-      for (int r = 0; r < key.m_r; ++r)
-        formats::quantize_mx_act_i16(reinterpret_cast<const float*>(a + (row0 + r) * lda), layout.k,
-                                     a_i16.data() + r * bytes);
+      if (i16_row0 != row0) {
+        a_i16.resize(size_t(bytes * key.m_r));
+        for (int r = 0; r < key.m_r; ++r)
+          formats::quantize_mx_act_i16(reinterpret_cast<const float*>(a + (row0 + r) * lda),
+                                       layout.k, a_i16.data() + r * bytes);
+        i16_row0 = row0;
+      }
       args.a = reinterpret_cast<const int8_t*>(a_i16.data());
       args.lda = bytes;
     }
