@@ -171,6 +171,17 @@ uint16_t f32_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
+void f32_to_bf16_row(const float* x, int64_t n, uint16_t* out) {
+  // The same rounding as f32_to_bf16, written as selects so the compiler vectorizes it (SSE2).
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    const uint32_t nan = (u >> 16) | 0x40;
+    const uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1)) >> 16;
+    out[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
+  }
+}
+
 void pack_bf16_strips(const StripLayout& l, const float* const* w, uint16_t* out, float* scale,
                       int32_t* comp) {
   std::memset(out, 0, size_t(l.total_bytes()));

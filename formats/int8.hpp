@@ -97,6 +97,8 @@ void unpack_rows(const StripLayout& layout, const void* packed, int src, int64_t
 void pack_bf16_strips(const StripLayout& layout, const float* const* w, uint16_t* out, float* scale,
                       int32_t* comp);
 uint16_t f32_to_bf16(float f);
+// f32_to_bf16 over n values.
+void f32_to_bf16_row(const float* x, int64_t n, uint16_t* out);
 
 // fp8 (e4m3) strips (bits 8, kgroup 1, g_steps = the scale group along K): `w[src]` is n x k
 // bytes row-major. Scales: `block[src]` [ceil(n/128), ceil(k/128)] (128x128 blocks, g_steps must

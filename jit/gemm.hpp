@@ -7,6 +7,11 @@
 //              y   = (a_scale[m] * w_scale[n]) * float(acc)   two fp32 roundings, in that order
 //   bf16:      acc = fma(a[m][k], float(w[n][k]), acc) for k = 0, 1, ... (fp32 activations)
 //              y   = acc                                  (a_scale, w_scale unused)
+//              Pair kernels (bf16_pair_kernel: AMX-BF16 tiles, or kBf16Pairs prefill at
+//              avx512_bf16) take bf16 activations (rounded RNE by the caller); the kBf16Pairs ones
+//              compute, as vdpbf16ps does, for each pair p = 0, 1, ...:
+//                acc = ftz(fma(daz(a[2p+1]), daz(w[n][2p+1]), daz(acc)))
+//                acc = ftz(fma(daz(a[2p]),   daz(w[n][2p]),   acc))  (vdpbf16ps_lane below)
 //   fp8:       w'  = fp8_value(w[n][k]) * gscale[strip][group(k)][half(n)]  (one rounding)
 //              acc = fma(a[m][k], w', acc) in k order;  y = (a_scale[m] * w_scale[n]) * acc
 //   qgroup:    (formats/grouped.hpp: w = scale[n][g] * code[n][k] + bias[n][g], g = k / G)
@@ -76,8 +81,9 @@ struct GemmArgs {
   // mxfp4 / mxfp8 siluup kernels with kSwigluClamp / kSwigluAlpha: L and alpha (SPEC §4).
   float swiglu_limit;
   float swiglu_alpha;
-  // AMX-BF16 prefill only: per-thread scratch of k4 * 32 * n_vec bytes, where the kernel lays out
-  // each strip as B tiles (k pairs interleaved) once and reuses it for every M block.
+  // bf16 pair kernels only (AMX-BF16, kBf16Pairs): per-thread scratch of k4 * 32 * n_vec bytes,
+  // where the kernel lays out each strip as k pairs ([k/2][column][2]) once and reuses it for
+  // every M block.
   void* scratch;
 };
 static_assert(offsetof(GemmArgs, m_blocks) == 88, "GemmArgs is part of the kernel ABI");
@@ -123,6 +129,18 @@ inline bool decode_group_accumulate(const KernelKey& key) {
 inline bool mx_int16_activations(const KernelKey& key) {
   return key.format == WeightFormat::mxfp4 && decode_group_accumulate(key);
 }
+// bf16 kernels that take bf16 activation pairs and the strip re-laid as k pairs in
+// GemmArgs::scratch (K even): AMX-BF16 tiles at isa amx, and the kBf16Pairs prefill kernels
+// (vdpbf16ps) at avx512_bf16.
+inline bool bf16_pair_kernel(const KernelKey& key) {
+  return key.format == WeightFormat::bf16 && key.kind == KernelKind::gemm_prefill &&
+         (key.isa == IsaLevel::amx || (key.variant & kBf16Pairs));
+}
+// One fp32 lane of vdpbf16ps (the SDM's pseudo-code; Zen 4 measured equal): the odd products
+// first, then the even, each one fp32 rounding (a bf16 product is exact in fp32), with bf16 and
+// fp32 subnormal inputs read as zero and subnormal results flushed to zero (sign kept).
+// `a` and `b` hold the pair as two bf16, element 2p in the low half.
+float vdpbf16ps_lane(float acc, uint32_t a, uint32_t b);
 // qgroup: codes are stored (and the LUT passed) XOR 0x80 at this level.
 inline bool qgroup_flip_codes(IsaLevel isa) {
   return int8_activation_offset(isa);

@@ -11,6 +11,18 @@
 
 namespace ktjit {
 
+float vdpbf16ps_lane(float acc, uint32_t a, uint32_t b) {
+  auto daz = [](float x) { return std::fabs(x) < 0x1p-126f ? std::copysign(0.0f, x) : x; };
+  auto bf = [&](uint32_t h) {
+    const uint32_t bits = (h & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return daz(f);
+  };
+  acc = daz(std::fma(bf(a >> 16), bf(b >> 16), daz(acc)));
+  return daz(std::fma(bf(a), bf(b), acc));
+}
+
 int gemm_max_rows(IsaLevel isa, WeightFormat fmt) {
   // NEON (32 registers, 24 accumulators at most): 6 rows x 4 vectors; the widening int8/int4
   // path of plain neon needs 3 more temporaries, so 4 rows there.
@@ -282,7 +294,19 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           }
           y[n] = acc;
         }
-        for (int n = 0; n < cols && bf16 && key.isa != IsaLevel::amx; ++n) {
+        for (int n = 0; n < cols && bf16 && (key.variant & kBf16Pairs); ++n) {
+          // vdpbf16ps: bf16 activation pairs, one lane's chain over the k pairs (K even).
+          const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);
+          const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
+          float acc = 0.0f;
+          for (int64_t p = 0; p < args.k4 / 2; ++p) {
+            const uint32_t b = uint32_t(wb[2 * p * cols + n]) | uint32_t(wb[(2 * p + 1) * cols + n])
+                                                                    << 16;
+            acc = vdpbf16ps_lane(acc, a32[p], b);
+          }
+          y[n] = acc;
+        }
+        for (int n = 0; n < cols && bf16 && !bf16_pair_kernel(key); ++n) {
           const float* af = reinterpret_cast<const float*>(a);
           const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
           float acc = 0.0f;

@@ -46,6 +46,10 @@ constexpr uint8_t kSwigluAlpha = 2;  // h = g * sigmoid(alpha * g) * (u + 1)
 constexpr uint8_t kQGroupNibbles = 1;  // codes stored as 4-bit indices into GemmArgs::lut
 constexpr uint8_t kQGroupBias = 2;     // a per-(column, group) offset term
 
+// KernelKey::variant bit of WeightFormat::bf16 prefill kernels at avx512_bf16: bf16 activation
+// pairs and vdpbf16ps over the strip re-laid as k pairs (jit/gemm.hpp bf16_pair_kernel).
+constexpr uint8_t kBf16Pairs = 1;
+
 enum class Epilogue : uint8_t {
   store = 0,   // out[m][n] = y
   siluup = 1,  // strip holds gate then up columns; out[m][n] = silu(g) * u

@@ -16,6 +16,9 @@ namespace {
 
 // Weights a multi-block expert re-reads per chunk of strips: half of a 1 MiB L2.
 constexpr int64_t kL2ChunkBytes = 512 * 1024;
+// bf16 experts with at least this many rows run the vdpbf16ps pair kernels at avx512_bf16 (two
+// 6-row blocks per strip re-laid as k pairs; below that the fp32 FMA kernels).
+constexpr int kBf16PairMinRows = 12;
 
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -261,7 +264,8 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
                                    uint8_t variant) {
   // amx: AMX-INT8 (int8) and AMX-BF16 (bf16) prefill tiles for experts with >= 16 rows
   // (docs/ARCHITECTURE.md "AMX"); decode, short experts, remainders and the other formats run the
-  // avx512_bf16 kernels.
+  // avx512_bf16 kernels. avx512_bf16 (native): bf16 experts with >= kBf16PairMinRows rows run
+  // vdpbf16ps pair kernels (the strip re-laid as k pairs once per strip pays off from ~2 blocks).
   const bool amx = isa == IsaLevel::amx;
   if (amx) isa = IsaLevel::avx512_bf16;
   GemmKernelSet ks;
@@ -287,10 +291,16 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
   ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kStripVecs);
   ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
   if (amx && (fmt == WeightFormat::int8 || fmt == WeightFormat::bf16)) {
-    ks.amx_rows = ks.amx_min_rows = 16;
-    ks.amx_full = key(KernelKind::gemm_prefill, ks.amx_rows, kStripVecs);
-    ks.amx_tail = key(KernelKind::gemm_prefill, ks.amx_rows, tail);
-    ks.amx_full.isa = ks.amx_tail.isa = IsaLevel::amx;
+    ks.tile_rows = ks.tile_min_rows = 16;
+    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
+    ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
+    ks.tile_full.isa = ks.tile_tail.isa = IsaLevel::amx;
+  } else if (fmt == WeightFormat::bf16 && isa == IsaLevel::avx512_bf16) {
+    ks.tile_rows = ks.max_rows;
+    ks.tile_min_rows = kBf16PairMinRows;
+    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
+    ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
+    ks.tile_full.variant = ks.tile_tail.variant = kBf16Pairs;
   }
   return ks;
 }
@@ -300,9 +310,9 @@ std::vector<KernelKey> GemmKernelSet::keys() const {
   k.insert(k.end(), decode_tail.begin(), decode_tail.end());
   k.push_back(prefill_full);
   k.push_back(prefill_tail);
-  if (amx_rows) {
-    k.push_back(amx_full);
-    k.push_back(amx_tail);
+  if (tile_rows) {
+    k.push_back(tile_full);
+    k.push_back(tile_tail);
   }
   std::vector<KernelKey> unique;
   for (auto& x : k)
@@ -343,9 +353,9 @@ void MoELayer::build_kernels() {
       for (auto& k : ks->decode_tail) ks->decode_tail_k.push_back(cache.get(k));
       ks->prefill_full_k = cache.get(ks->prefill_full);
       ks->prefill_tail_k = cache.get(ks->prefill_tail);
-      if (ks->amx_rows) {
-        ks->amx_full_k = cache.get(ks->amx_full);
-        ks->amx_tail_k = cache.get(ks->amx_tail);
+      if (ks->tile_rows) {
+        ks->tile_full_k = cache.get(ks->tile_full);
+        ks->tile_tail_k = cache.get(ks->tile_tail);
       }
     }
   }
@@ -702,21 +712,30 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       }
     gsum = gs.data();
   }
-  // AMX-BF16 (bf16 weights at isa amx, >= 16 rows, K even): the tiles take bf16 activations,
-  // rounded here (RNE) once per call, and a per-thread scratch for the strip's B-tile layout.
-  const bool amx_bf16 =
-      ks.amx_rows && format_ == WeightFormat::bf16 && rows >= ks.amx_min_rows && layout.k % 2 == 0;
+  // bf16 pair tier (AMX-BF16 at isa amx, vdpbf16ps at avx512_bf16; >= tile_min_rows rows, K
+  // even): the kernels take bf16 activations, rounded here (RNE) once per call, and a per-thread
+  // scratch for the strip's k-pair layout. All rows go there: the last block is padded with zero
+  // rows whose outputs land in a per-thread dummy row (routing weight 0), which costs less than
+  // streaming the strip through the fp32 kernels again for the remainder.
+  const bool bf16_pairs = ks.tile_rows && format_ == WeightFormat::bf16 &&
+                          rows >= ks.tile_min_rows && layout.k % 2 == 0;
   static thread_local std::vector<uint16_t> a16;
-  static thread_local std::vector<uint8_t> amx_scratch;
-  const int64_t amx_block_rows = amx_bf16 ? rows / ks.amx_rows * ks.amx_rows : 0;
-  if (amx_bf16) {
+  static thread_local std::vector<uint8_t> pair_scratch;
+  static thread_local std::vector<float*> pair_out;
+  static thread_local std::vector<float> pair_weight, pair_dummy;
+  const int64_t pair_rows = bf16_pairs ? round_up(rows, ks.tile_rows) : 0;
+  if (bf16_pairs) {
     const int64_t K = layout.k;
-    a16.resize(size_t(amx_block_rows * K));
-    for (int64_t r = 0; r < amx_block_rows; ++r) {
-      const float* x = reinterpret_cast<const float*>(a + r * lda);
-      for (int64_t k = 0; k < K; ++k) a16[size_t(r * K + k)] = formats::f32_to_bf16(x[k]);
-    }
-    amx_scratch.resize(size_t(layout.k4 * 32 * kStripVecs));
+    a16.assign(size_t(pair_rows * K), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      formats::f32_to_bf16_row(reinterpret_cast<const float*>(a + r * lda), K, &a16[size_t(r * K)]);
+    pair_scratch.resize(size_t(layout.k4 * 32 * kStripVecs));
+    // The dummy row is as wide as the widest column this call writes.
+    pair_dummy.resize(size_t(out_col0 + (layout.full_strips + 1) * out_full));
+    pair_out.assign(out_rows, out_rows + rows);
+    pair_out.resize(size_t(pair_rows), pair_dummy.data());
+    pair_weight.assign(size_t(pair_rows), 0.0f);
+    if (row_weight) std::copy(row_weight, row_weight + rows, pair_weight.begin());
   }
   int64_t i16_row0 = -1;  // first row of the int16 codes converted in this call (mxfp4 decode)
   auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
@@ -725,11 +744,13 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     args.a = a + row0 * lda;
     args.lda = lda;
     args.scratch = nullptr;
-    if (key.isa == IsaLevel::amx && key.format == WeightFormat::bf16) {
+    if (bf16_pair_kernel(key)) {
       args.a = reinterpret_cast<const int8_t*>(a16.data() + row0 * layout.k);
       args.lda = layout.k * 2;
-      args.scratch = amx_scratch.data();
+      args.scratch = pair_scratch.data();
     }
+    float* const* rows_out = bf16_pair_kernel(key) ? pair_out.data() : out_rows;
+    const float* rows_weight = bf16_pair_kernel(key) ? pair_weight.data() : row_weight;
     if (mx_int16_activations(key)) {  // the rows as int16 group codes (jit/gemm.hpp)
       // Once per run_gemm: the full and tail strips and every chunk reuse the same rows.
       static thread_local std::vector<uint8_t> a_i16;
@@ -750,9 +771,9 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     args.a_scale = a_scale + row0;
     args.w_scale = scale + s0 * full_cols;
     args.w_comp = comp + s0 * full_cols;
-    args.out_rows = out_rows + row0;
+    args.out_rows = rows_out + row0;
     args.out_col = out_col0 + s0 * out_full;
-    args.row_weight = row_weight ? row_weight + row0 : nullptr;
+    args.row_weight = rows_weight ? rows_weight + row0 : nullptr;
     args.m_blocks = m_blocks;
     args.w_gscale = gscale ? gscale + s0 * layout.gscale_floats_per_strip() : nullptr;
     args.g_steps = layout.g_steps;
@@ -787,12 +808,12 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     for (int64_t c0 = s0, n = 0; c0 < s1; c0 += n) {
       n = std::min(chunk, s1 - c0);
       int64_t row = 0;
-      if (ks.amx_rows && rows >= ks.amx_min_rows &&
-          (format_ != WeightFormat::bf16 || amx_bf16)) {  // AMX tiles, then the rest as below
-        const int64_t blocks = rows / ks.amx_rows;
-        call(tail ? ks.amx_tail : ks.amx_full,
-             ref ? nullptr : (tail ? ks.amx_tail_k : ks.amx_full_k), c0, n, 0, blocks);
-        row = blocks * ks.amx_rows;
+      if (ks.tile_rows && rows >= ks.tile_min_rows &&
+          (format_ != WeightFormat::bf16 || bf16_pairs)) {  // the tile tier, then the rest
+        const int64_t blocks = (bf16_pairs ? pair_rows : rows) / ks.tile_rows;
+        call(tail ? ks.tile_tail : ks.tile_full,
+             ref ? nullptr : (tail ? ks.tile_tail_k : ks.tile_full_k), c0, n, 0, blocks);
+        row = std::min(rows, blocks * ks.tile_rows);
       }
       if (rows - row > max_rows) {
         const int64_t blocks = (rows - row) / max_rows;

@@ -59,13 +59,15 @@ struct GemmKernelSet {
   std::vector<const Kernel*> decode_full_k, decode_tail_k;
   const Kernel* prefill_full_k = nullptr;
   const Kernel* prefill_tail_k = nullptr;
-  // isa amx, int8 weights: AMX prefill kernels (tiles of amx_rows = 16 rows) for the first
-  // floor(m / 16) * 16 rows of an expert with m >= amx_min_rows rows; the remaining rows, and
-  // experts with fewer rows, take the avx512_bf16 (VNNI) kernels above. amx_rows 0 = no AMX.
-  int amx_rows = 0, amx_min_rows = 0;
-  KernelKey amx_full, amx_tail;
-  const Kernel* amx_full_k = nullptr;
-  const Kernel* amx_tail_k = nullptr;
+  // A prefill tier before the kernels above for experts with m >= tile_min_rows rows: it takes
+  // the first floor(m / tile_rows) * tile_rows rows; the remaining rows, and experts with fewer
+  // rows, take the kernels above. tile_rows 0 = none. At isa amx: AMX-INT8 (int8) / AMX-BF16
+  // (bf16) tiles of 16 rows. At avx512_bf16 and up, bf16: the kBf16Pairs (vdpbf16ps) kernels,
+  // max_rows rows a block (bf16 activations, jit/gemm.hpp).
+  int tile_rows = 0, tile_min_rows = 0;
+  KernelKey tile_full, tile_tail;
+  const Kernel* tile_full_k = nullptr;
+  const Kernel* tile_tail_k = nullptr;
   std::vector<KernelKey> keys() const;  // distinct keys, decode first
 };
 

@@ -131,25 +131,11 @@ class AmxGemmGenerator : public JitGenerator {
   // bf16: the strip at reg_strip as B tiles at args.scratch, pair p of vector v at
   // p * row_bytes() + v * 64: dword c = w[2p][c] | w[2p + 1][c] << 16.
   void repack_strip() {
-    Label pair_loop, done;
     mov(rcx, arg(offsetof(GemmArgs, scratch)));
     mov(rdx, reg_strip);
     mov(rax, arg(offsetof(GemmArgs, k4)));
     shr(rax, 1);
-    jz(done, T_NEAR);
-    L(pair_loop);
-    for (int v = 0; v < nv_; ++v) {
-      vpmovzxwd(zmm0, yword[rdx + v * 32]);
-      vpmovzxwd(zmm1, yword[rdx + strip_step_bytes() + v * 32]);
-      vpslld(zmm1, zmm1, 16);
-      vpord(zmm0, zmm0, zmm1);
-      vmovups(zword[rcx + v * 64], zmm0);
-    }
-    add(rdx, 2 * strip_step_bytes());
-    add(rcx, row_bytes());
-    dec(rax);
-    jnz(pair_loop, T_NEAR);
-    L(done);
+    emit_bf16_pair_repack(rcx, rdx, rax, nv_, strip_step_bytes(), zmm0, zmm1);
   }
 
   // ---- loop nest ---------------------------------------------------------------------------

@@ -33,6 +33,7 @@ class GemmGenerator : public JitGenerator {
         vnni_(int(key.isa) >= int(IsaLevel::avx512_vnni)),
         int4_(key.format == WeightFormat::int4),
         bf16_(key.format == WeightFormat::bf16),
+        pairs_(bf16_ && (key.variant & kBf16Pairs)),
         fp8_(key.format == WeightFormat::fp8),
         prefill_(key.kind == KernelKind::gemm_prefill),
         qg_(key.format == WeightFormat::qgroup),
@@ -53,6 +54,14 @@ class GemmGenerator : public JitGenerator {
                 (key.variant && key.epilogue != Epilogue::siluup)))
       throw std::invalid_argument("gemm: mx variant bits are siluup SwiGLU options: " +
                                   key.describe());
+    if (bf16_ && (key.variant & ~kBf16Pairs))
+      throw std::invalid_argument("gemm: unknown bf16 variant bits: " + key.describe());
+    if (pairs_ &&
+        (key.kind != KernelKind::gemm_prefill || int(key.isa) < int(IsaLevel::avx512_bf16)))
+      throw std::invalid_argument(
+          "gemm: bf16 pair kernels (vdpbf16ps) are prefill kernels at "
+          "avx512_bf16: " +
+          key.describe());
     if (qg_ && (key.variant & ~(kQGroupNibbles | kQGroupBias)))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
@@ -180,6 +189,13 @@ class GemmGenerator : public JitGenerator {
     L(strip_loop);
     {
       mov(reg_strip, reg_w);
+      if (pairs_) {  // the strip as k pairs into the scratch, read by every M block
+        mov(reg_pf, arg(offsetof(GemmArgs, scratch)));
+        mov(reg_tmp2, reg_strip);
+        mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
+        shr(reg_tmp, 1);
+        emit_bf16_pair_repack(reg_pf, reg_tmp2, reg_tmp, nv_, step_bytes(), zmm30, zmm31);
+      }
       if (prefill_) {
         Label mb_loop, mb_done;
         xor_(reg_row.cvt32(), reg_row.cvt32());
@@ -194,8 +210,11 @@ class GemmGenerator : public JitGenerator {
         L(mb_loop);
         {
           Label no_pf, next;
-          mov(reg_w, reg_strip);
-          cmp(reg_row, kPrefetchBlocks * mr_);
+          if (pairs_)
+            mov(reg_w, arg(offsetof(GemmArgs, scratch)));
+          else
+            mov(reg_w, reg_strip);
+          cmp(reg_row, (pairs_ ? kPairPrefetchBlocks : kPrefetchBlocks) * mr_);
           jge(no_pf, T_NEAR);
           compute_block(true);
           jmp(next, T_NEAR);
@@ -482,6 +501,10 @@ class GemmGenerator : public JitGenerator {
       k_loop_mx(prefetch_next);
       return;
     }
+    if (pairs_) {
+      k_loop_pairs(prefetch_next);
+      return;
+    }
     Label loop, tail, tail_loop, done;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
     cmp(reg_k, kUnroll);
@@ -507,6 +530,54 @@ class GemmGenerator : public JitGenerator {
       jnz(tail_loop, T_NEAR);
     }
     L(done);
+  }
+
+  // bf16 pairs (vdpbf16ps): reg_w walks the scratch ([k/2][column][2], nv_ * 64 bytes a pair),
+  // reg_a / reg_a3 the bf16 activation rows (4 bytes a pair). Per pair: the strip's vectors into
+  // wreg, then one vdpbf16ps per (row, vector) with the row's pair broadcast from memory. While
+  // prefetching, each pair step pulls two lines of the next strip (a full strip holds 4 lines a
+  // K pair), so the first kPairPrefetchBlocks = 2 blocks (every pair call has >= 2) cover it.
+  static constexpr int kPairPrefetchBlocks = 2;
+  void k_loop_pairs(bool prefetch_next) {
+    Label loop, tail, tail_loop, done;
+    mov(reg_k, arg(offsetof(GemmArgs, k4)));
+    shr(reg_k, 1);
+    cmp(reg_k, kUnroll);
+    jl(tail, T_NEAR);
+    L(loop);
+    {
+      for (int u = 0; u < kUnroll; ++u) microkernel_pairs(u, prefetch_next);
+      advance_pairs(kUnroll, prefetch_next);
+      sub(reg_k, kUnroll);
+      cmp(reg_k, kUnroll);
+      jge(loop, T_NEAR);
+    }
+    L(tail);
+    test(reg_k, reg_k);
+    jle(done, T_NEAR);
+    L(tail_loop);
+    {
+      microkernel_pairs(0, prefetch_next);
+      advance_pairs(1, prefetch_next);
+      dec(reg_k);
+      jnz(tail_loop, T_NEAR);
+    }
+    L(done);
+  }
+  void microkernel_pairs(int u, bool prefetch_next) {
+    if (prefetch_next) {
+      prefetcht1(ptr[reg_pf + u * 128]);
+      prefetcht1(ptr[reg_pf + u * 128 + 64]);
+    }
+    for (int v = 0; v < nv_; ++v) vmovups(wreg(v), zword[reg_w + (u * nv_ + v) * 64]);
+    for (int m = 0; m < mr_; ++m)
+      for (int v = 0; v < nv_; ++v) vdpbf16ps(acc(m, v), wreg(v), ptr_b[a_row(m) + 4 * u]);
+  }
+  void advance_pairs(int pairs, bool prefetch_next) {
+    if (prefetch_next) add(reg_pf, 128 * pairs);
+    add(reg_a, 4 * pairs);
+    if (mr_ > 3) add(reg_a3, 4 * pairs);
+    add(reg_w, nv_ * 64 * pairs);
   }
 
   // Moves the weight stream on by `bytes`. Decode kernels first prefetch the lines that many
@@ -1017,7 +1088,7 @@ class GemmGenerator : public JitGenerator {
 
   const KernelKey key_;
   const int lanes_, nv_, mr_;
-  const bool vnni_, int4_, bf16_, fp8_, prefill_;
+  const bool vnni_, int4_, bf16_, pairs_, fp8_, prefill_;
   const bool qg_, qg4_, qgb_, gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;
   // gacc_: the group accumulators of (row m, vector v), zmm8..15 (free with <= 2 rows).

@@ -783,6 +783,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         peak_name, peak_key = "tdpbusd", "peak_amx_int8_gops"
     elif isa == "amx" and args.method in AMX_BF16_METHODS and lim.get("peak_amx_bf16_gflops"):
         peak_name, peak_key = "tdpbf16ps", "peak_amx_bf16_gflops"
+    # At avx512_bf16, BF16 experts with >= 12 rows run vdpbf16ps pair kernels: that is their roof.
+    elif isa == "avx512_bf16" and args.method == "BF16" and lim.get("peak_bf16_gflops"):
+        peak_name, peak_key = "vdpbf16ps", "peak_bf16_gflops"
     peak_core = float(lim.get(peak_key, 0.0))
     peak = peak_core * threads
     print(_limits_lines(lim, read_bw, peak, peak_name, threads), flush=True)

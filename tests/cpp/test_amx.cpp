@@ -681,13 +681,13 @@ TEST(AmxExecution, Bf16TileRunMatchesReferenceBitwise) {
 TEST(AmxSelection, AmxLayerUsesAmxPrefillForInt8AndBf16AndAvx512Otherwise) {
   const GemmKernelSet ks =
       make_gemm_kernel_set(IsaLevel::amx, WeightFormat::int8, Epilogue::siluup, 2);
-  EXPECT_EQ(ks.amx_rows, 16);
-  EXPECT_EQ(ks.amx_min_rows, 16);
-  EXPECT_EQ(ks.amx_full.isa, IsaLevel::amx);
-  EXPECT_EQ(ks.amx_full.kind, KernelKind::gemm_prefill);
-  EXPECT_EQ(ks.amx_full.m_r, 16);
-  EXPECT_EQ(ks.amx_full.n_vec, kStripVecs);
-  EXPECT_EQ(ks.amx_tail.n_vec, 2);
+  EXPECT_EQ(ks.tile_rows, 16);
+  EXPECT_EQ(ks.tile_min_rows, 16);
+  EXPECT_EQ(ks.tile_full.isa, IsaLevel::amx);
+  EXPECT_EQ(ks.tile_full.kind, KernelKind::gemm_prefill);
+  EXPECT_EQ(ks.tile_full.m_r, 16);
+  EXPECT_EQ(ks.tile_full.n_vec, kStripVecs);
+  EXPECT_EQ(ks.tile_tail.n_vec, 2);
   // decode and the remainder rows: the avx512_bf16 (VNNI) kernels, 6-row tiles
   EXPECT_EQ(ks.isa, IsaLevel::avx512_bf16);
   EXPECT_EQ(ks.max_rows, 6);
@@ -704,13 +704,13 @@ TEST(AmxSelection, AmxLayerUsesAmxPrefillForInt8AndBf16AndAvx512Otherwise) {
   // bf16 at amx: AMX-BF16 prefill tiles the same way
   const GemmKernelSet b =
       make_gemm_kernel_set(IsaLevel::amx, WeightFormat::bf16, Epilogue::accum, 0);
-  EXPECT_EQ(b.amx_rows, 16);
-  EXPECT_EQ(b.amx_full.isa, IsaLevel::amx);
-  EXPECT_EQ(b.amx_full.format, WeightFormat::bf16);
+  EXPECT_EQ(b.tile_rows, 16);
+  EXPECT_EQ(b.tile_full.isa, IsaLevel::amx);
+  EXPECT_EQ(b.tile_full.format, WeightFormat::bf16);
   // other formats at amx: no AMX kernels (yet), the avx512_bf16 ones
   for (WeightFormat f : {WeightFormat::int4, WeightFormat::fp8}) {
     const GemmKernelSet o = make_gemm_kernel_set(IsaLevel::amx, f, Epilogue::accum, 0);
-    EXPECT_EQ(o.amx_rows, 0);
+    EXPECT_EQ(o.tile_rows, 0);
     for (const KernelKey& k : o.keys()) EXPECT_NE(k.isa, IsaLevel::amx);
   }
   // AMX generates int8 and bf16 prefill only; anything else is refused

@@ -81,6 +81,36 @@ TEST(MoELayer, GeneratedMatchesReferenceAndIsDeterministic) {
   }
 }
 
+// BF16 at avx512_bf16: experts with >= 12 rows run the vdpbf16ps pair kernels on all their rows
+// (the last 6-row block padded); the layer equals its twin bit for bit, with 1 and 2 threads, and
+// differs from the fp32-activation kernels of avx512_vnni where experts are that long.
+TEST(MoELayer, Bf16PairTierMatchesReferenceAndPadsTheLastBlock) {
+  const IsaLevel isa = selected_isa();
+  if (isa != IsaLevel::avx512_bf16 && isa != IsaLevel::amx)
+    GTEST_SKIP() << "this CPU (or KT_JIT_ISA) lacks AVX512-BF16";
+  const Case cases[] = {{{16, 4, 576, 352}, 64},  // ~16 rows an expert: 3 blocks, padded
+                        {{4, 3, 64, 24}, 301},    // ~226 rows
+                        {{8, 2, 100, 40}, 17}};   // ~4 rows: fp32 kernels only
+  ThreadPool p1(1, 1), p2(2, 1);
+  uint32_t seed = 700;
+  for (const Case& c : cases) {
+    Data d = make_data(c, seed++);
+    MoELayer layer(c.shape, "BF16", IsaLevel::avx512_bf16);
+    MoELayer fp32(c.shape, "BF16", IsaLevel::avx512_vnni);
+    for (MoELayer* l : {&layer, &fp32})
+      l->load_from_float(d.gate.data(), d.up.data(), d.down.data(), SourceDType::f32, nullptr, p2);
+    const auto ref = run(layer, c, d, p1, true);
+    const auto a = run(layer, c, d, p1, false);
+    const auto b = run(layer, c, d, p2, false);
+    const auto f = run(fp32, c, d, p1, false);
+    const std::string where = "T=" + std::to_string(c.T) + " H=" + std::to_string(c.shape.hidden);
+    ASSERT_EQ(0, std::memcmp(a.data(), ref.data(), a.size() * 4)) << where;
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "1 vs 2 threads " << where;
+    const bool long_experts = c.T * c.shape.top_k >= 12 * c.shape.experts;
+    EXPECT_EQ(long_experts, std::memcmp(a.data(), f.data(), a.size() * 4) != 0) << where;
+  }
+}
+
 TEST(MoELayer, AllSlotsSkippedGivesZero) {
   Case c{{8, 2, 64, 32}, 3};
   Data d = make_data(c, 99);

@@ -170,6 +170,11 @@ def test_model_on_kt_jit(name, method, bar, greedy):
         tokens = model.generate(prompt, do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0)
     assert logits.dtype == torch.float32 and logits.shape == ref_logits.shape
     rel = _rel_l1(ref_logits, logits)
+    # BF16 prefill on AVX512-BF16 / AMX rounds the activations of long experts to bf16 as well
+    # (docs/FORMATS.md "BF16"): 1.6-2.5x the weight-rounding error measured with fp32 activations.
+    if method == "BF16" and blocks[0].experts.wrapper.moe.isa in ("avx512_bf16", "amx"):
+        bar = 3e-2
+    print(f"{name} {method} isa={blocks[0].experts.wrapper.moe.isa}: logits relative L1 {rel:.3e}")
     assert rel <= bar, f"{name} {method}: logits relative L1 {rel:.3e} > {bar}"
     if greedy:
         assert torch.equal(tokens, ref_tokens), _first_difference_report(

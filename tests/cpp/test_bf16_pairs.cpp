@@ -1,0 +1,217 @@
+// bf16 pair kernels at avx512_bf16 (KernelKey::variant kBf16Pairs, vdpbf16ps): the generated
+// kernels against gemm_ref's twin bit for bit (on a CPU with AVX512-BF16), the twin's lane
+// function against the SDM pseudo-code's corner cases, and the twin against a float64 dot
+// product of the same bf16 values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "formats/convert.hpp"
+#include "formats/int8.hpp"
+#include "jit/gemm.hpp"
+#include "jit/kernel.hpp"
+#include "runtime/moe_layer.hpp"
+#include "test_util.hpp"
+
+namespace ktjit {
+namespace {
+
+uint32_t pair(float lo, float hi) {
+  return uint32_t(formats::f32_to_bf16(lo)) | uint32_t(formats::f32_to_bf16(hi)) << 16;
+}
+
+TEST(Bf16PairLane, FollowsThePseudoCode) {
+  // Two roundings, odd product first: 2^24 + 1 rounds to 2^24 (tie to even), then + 1 again;
+  // a fused sum would give 2^24 + 2.
+  EXPECT_EQ(vdpbf16ps_lane(0x1p24f, pair(1.0f, 1.0f), pair(1.0f, 1.0f)), 0x1p24f);
+  // Odd first: acc = 1, odd product 2^24, even -2^24: (1 + 2^24) rounds to 2^24, then 0; even
+  // first would give 1 - 2^24 (exact), then 1.
+  EXPECT_EQ(vdpbf16ps_lane(1.0f, pair(-0x1p24f, 0x1p24f), pair(1.0f, 1.0f)), 0.0f);
+  // bf16 subnormal inputs read as zero (DAZ), on either operand.
+  const float sub = 0x1p-130f;  // a bf16 subnormal (exactly representable)
+  EXPECT_EQ(vdpbf16ps_lane(0.0f, pair(sub, 0.0f), pair(0x1p100f, 0.0f)), 0.0f);
+  EXPECT_EQ(vdpbf16ps_lane(0.0f, pair(0.0f, 0x1p100f), pair(0.0f, sub)), 0.0f);
+  // A subnormal accumulator reads as zero; a subnormal result is flushed to zero.
+  EXPECT_EQ(vdpbf16ps_lane(0x1p-127f, pair(0.0f, 0.0f), pair(0.0f, 0.0f)), 0.0f);
+  EXPECT_EQ(vdpbf16ps_lane(0.0f, pair(0x1p-64f, 0.0f), pair(0x1p-64f, 0.0f)), 0.0f);
+  EXPECT_EQ(vdpbf16ps_lane(0.0f, pair(0x1p-63f, 0.0f), pair(0x1p-63f, 0.0f)), 0x1p-126f);
+  // Plain values: 1 * 2 + 3 * 4 + 0.5.
+  EXPECT_EQ(vdpbf16ps_lane(0.5f, pair(1.0f, 3.0f), pair(2.0f, 4.0f)), 14.5f);
+}
+
+// The row conversion the executor uses for the pair kernels' activations equals the scalar
+// f32_to_bf16 (itself checked against torch in the Python suite) on every class of input.
+TEST(Bf16PairLane, RowConversionEqualsScalar) {
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0x7f800001u, 0xffffffffu, 0x7f7fffffu, 0x3f808000u, 0x3f818000u,
+                                0x3f807fffu, 0x00008000u, 0x00018000u, 0x807fffffu};
+  uint32_t x = 12345;
+  for (int i = 0; i < 100000; ++i) bits.push_back(x = x * 1664525u + 1013904223u);
+  std::vector<float> f(bits.size());
+  std::memcpy(f.data(), bits.data(), bits.size() * 4);
+  std::vector<uint16_t> row(f.size());
+  formats::f32_to_bf16_row(f.data(), int64_t(f.size()), row.data());
+  for (size_t i = 0; i < f.size(); ++i)
+    ASSERT_EQ(row[i], formats::f32_to_bf16(f[i])) << std::hex << bits[i];
+}
+
+struct Problem {
+  Epilogue epi;
+  int64_t M, N, K;
+  uint32_t seed;
+  std::string repro() const {
+    return "epi=" + std::to_string(int(epi)) + " M=" + std::to_string(M) +
+           " N=" + std::to_string(N) + " K=" + std::to_string(K) + " seed=" + std::to_string(seed);
+  }
+};
+
+// One problem the way the executor runs it: full strips, then the tail strip, each over M / m_r
+// blocks of m_r = 6 rows (the pair kernels' tile), out rows scattered. Returns the outputs of the
+// generated kernels (run = true) or of the twin.
+std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot_check) {
+  const int sources = p.epi == Epilogue::siluup ? 2 : 1;
+  const auto l = formats::StripLayout::make(p.N, p.K, 16, kStripVecs, sources, 16);
+  std::vector<std::vector<float>> wf;
+  for (int s = 0; s < sources; ++s)
+    wf.push_back(test::random_floats(size_t(p.N * p.K), p.seed + 10 * uint32_t(s), 0.5f));
+  const float* ws[2] = {wf[0].data(), wf.back().data()};
+  std::vector<uint16_t> w(size_t(l.total_bytes() / 2));
+  std::vector<float> scale(size_t(l.total_cols()));
+  std::vector<int32_t> comp(size_t(l.total_cols()));
+  formats::pack_bf16_strips(l, ws, w.data(), scale.data(), comp.data());
+  const int64_t lda = p.K * 2 + 64;  // bytes; rows of bf16 activations
+  std::vector<uint16_t> a(size_t(p.M * lda / 2));
+  const std::vector<float> af = test::random_floats(a.size(), p.seed + 1, 2.0f);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = formats::f32_to_bf16(af[i]);
+  std::vector<uint8_t> scratch(size_t(l.k4 * 32 * kStripVecs));
+  std::vector<float> ones(size_t(p.M), 1.0f);
+  const std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
+  const int64_t stride = l.total_cols() + 16;
+  std::vector<float> out = test::random_floats(size_t(p.M * stride), p.seed + 4, 0.5f);
+  std::vector<float*> rows;
+  for (int64_t m = 0; m < p.M; ++m)  // a permutation: no M here is a multiple of 7
+    rows.push_back(out.data() + ((m * 7) % p.M) * stride);
+  const int m_r = gemm_max_rows(IsaLevel::avx512_bf16, WeightFormat::bf16);
+  const int full_cols = l.strip_cols(l.strip_vecs);
+  for (int part = 0; part < 2; ++part) {
+    const int64_t s0 = part ? l.full_strips : 0;
+    const int64_t ns = part ? (l.tail_vecs ? 1 : 0) : l.full_strips;
+    if (ns == 0) continue;
+    KernelKey key;
+    key.kind = KernelKind::gemm_prefill;
+    key.isa = IsaLevel::avx512_bf16;
+    key.format = WeightFormat::bf16;
+    key.m_r = uint8_t(m_r);
+    key.n_vec = uint8_t(part ? l.tail_vecs : l.strip_vecs);
+    key.epilogue = p.epi;
+    key.variant = kBf16Pairs;
+    GemmArgs g{};
+    g.a = reinterpret_cast<const int8_t*>(a.data());
+    g.lda = lda;
+    g.w = reinterpret_cast<const int8_t*>(w.data()) + l.strip_offset(s0);
+    g.n_strips = ns;
+    g.k4 = l.k4;
+    g.a_scale = ones.data();
+    g.w_scale = scale.data() + s0 * full_cols;
+    g.w_comp = comp.data() + s0 * full_cols;
+    g.out_rows = rows.data();
+    g.out_col = s0 * gemm_strip_out_cols(IsaLevel::avx512_bf16, l.strip_vecs, p.epi);
+    g.row_weight = rw.data();
+    g.m_blocks = p.M / m_r;
+    g.scratch = scratch.data();
+    if (generated) {
+      const Kernel* k = KernelCache::instance().get(key);
+      if (!k) {
+        ADD_FAILURE() << "no kernel for " << key.name();
+        return out;
+      }
+      reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&g);
+    } else {
+      gemm_ref(key, g);
+    }
+  }
+  if (dot_check && p.epi == Epilogue::store) {  // float64 dot products of the same bf16 values
+    for (int64_t m = 0; m < p.M / m_r * m_r; ++m)
+      for (int64_t n = 0; n < p.N; ++n) {
+        double dot = 0, mag = 0;
+        for (int64_t k = 0; k < p.K; ++k) {
+          const double x = formats::bf16_to_f32(a[size_t(m * lda / 2 + k)]);
+          const double y = formats::bf16_to_f32(formats::f32_to_bf16(wf[0][size_t(n * p.K + k)]));
+          dot += x * y;
+          mag += std::fabs(x * y);
+        }
+        dot_check->push_back(float(std::fabs(rows[size_t(m)][n] - dot) /
+                                   ((double(p.K) + 1) * std::ldexp(1.0, -24) * mag + 1e-30)));
+      }
+  }
+  return out;
+}
+
+const Problem kProblems[] = {
+    {Epilogue::store, 6, 64, 2, 1},     {Epilogue::store, 12, 100, 30, 2},
+    {Epilogue::store, 18, 64, 128, 3},  {Epilogue::store, 8, 16, 96, 4},
+    {Epilogue::siluup, 12, 128, 64, 5}, {Epilogue::siluup, 24, 96, 130, 6},
+    {Epilogue::accum, 12, 64, 34, 7},   {Epilogue::accum, 30, 200, 256, 8},
+    {Epilogue::accum, 6, 48, 2048, 9},  {Epilogue::store, 36, 256, 512, 10},
+};
+
+TEST(Bf16Pairs, TwinIsWithinFp32RoundingOfFloat64) {
+  for (const Problem& p : kProblems) {
+    std::vector<float> ratio;
+    run(p, false, &ratio);
+    for (float r : ratio) ASSERT_LE(r, 1.0f) << p.repro();
+  }
+}
+
+TEST(Bf16Pairs, GeneratedMatchesReferenceBitwise) {
+  const IsaLevel isa = selected_isa();
+  if (isa != IsaLevel::avx512_bf16 && isa != IsaLevel::amx)
+    GTEST_SKIP() << "this CPU (or KT_JIT_ISA) lacks AVX512-BF16: the pair kernels cannot run "
+                    "here (they are generated and checked against the twin where it has it)";
+  for (const Problem& p : kProblems) {
+    const std::vector<float> got = run(p, true, nullptr), want = run(p, false, nullptr);
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+        << "vdpbf16ps kernels differ from gemm_ref: " << p.repro();
+  }
+}
+
+TEST(Bf16Pairs, KeysAreRefusedOffTheirLevelAndKind) {
+  KernelKey k;
+  k.kind = KernelKind::gemm_decode;
+  k.isa = IsaLevel::avx512_bf16;
+  k.format = WeightFormat::bf16;
+  k.m_r = 6;
+  k.n_vec = 4;
+  k.variant = kBf16Pairs;
+  EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument);  // decode
+  k.kind = KernelKind::gemm_prefill;
+  k.isa = IsaLevel::avx512_vnni;
+  EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument);  // no vdpbf16ps there
+  k.isa = IsaLevel::avx512_bf16;
+  EXPECT_NE(KernelCache::generate_only(k)->name.find("_dpbf16"), std::string::npos);
+  k.variant = 2;
+  EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument);  // unknown bit
+}
+
+TEST(Bf16Pairs, OnlyBf16AtAvx512Bf16GetsThePairTier) {
+  const GemmKernelSet ks =
+      make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::bf16, Epilogue::siluup, 2);
+  EXPECT_EQ(ks.tile_rows, 6);
+  EXPECT_EQ(ks.tile_min_rows, 12);
+  EXPECT_EQ(ks.tile_full.variant, kBf16Pairs);
+  EXPECT_EQ(ks.tile_full.kind, KernelKind::gemm_prefill);
+  EXPECT_EQ(ks.tile_tail.n_vec, 2);
+  EXPECT_TRUE(bf16_pair_kernel(ks.tile_full));
+  EXPECT_FALSE(bf16_pair_kernel(ks.prefill_full));  // the fp32 kernels stay for short experts
+  for (IsaLevel isa : {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni})
+    EXPECT_EQ(make_gemm_kernel_set(isa, WeightFormat::bf16, Epilogue::accum, 0).tile_rows, 0);
+  for (WeightFormat f : {WeightFormat::int8, WeightFormat::fp8, WeightFormat::mxfp4})
+    EXPECT_EQ(make_gemm_kernel_set(IsaLevel::avx512_bf16, f, Epilogue::accum, 0).tile_rows, 0);
+}
+
+}  // namespace
+}  // namespace ktjit
