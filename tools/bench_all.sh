@@ -87,9 +87,11 @@ done
     echo
     sed 's/^# kt-jit MoE benchmark/## MoE layer/' "$tmp/$f.md"
   done
-  # Sections measured by other means (their own commands are inside): the serving overhead
-  # (python -m kt_jit.bench_overhead, three runs) and the lent AMX host.
-  for f in docs/evidence/serving_overhead.md docs/evidence/amx_host.md; do
+  # Sections measured by other means (their own commands and machines are inside): the serving
+  # overhead (python -m kt_jit.bench_overhead, three runs), the 2026-11-22 Xeon's decode spot
+  # runs and the lent AMX host.
+  for f in docs/evidence/serving_overhead.md docs/evidence/xeon_decode_spot.md \
+    docs/evidence/amx_host.md; do
     echo
     cat "$f"
   done
