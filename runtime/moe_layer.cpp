@@ -1092,17 +1092,8 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
 // 8 nibbles per column, MXFP8: one byte per k), and so are the exponents (MXFP8: stored + 8).
 void MoELayer::write_expert_mx(int64_t slot, int tp, int rank, uint8_t* w13, uint8_t* w13_scale,
                                uint8_t* w2, uint8_t* w2_scale) const {
-  const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
-  if (!loaded_) throw std::runtime_error("write_weight_scale_to_buffer: weights are not loaded");
-  if (slot < 0 || slot >= E)
-    throw std::invalid_argument("expert_id: expected a value in [0, " + std::to_string(E) +
-                                "), got " + std::to_string(slot));
-  if (tp < 1 || I % tp != 0 || (I / tp) % 32 != 0)
-    throw std::invalid_argument("gpu_tp_count: " + method_ +
-                                " needs I / gpu_tp_count to be a multiple of 32 (I = " +
-                                std::to_string(I) + "), got " + std::to_string(tp));
-  if (rank < 0 || rank >= tp)
-    throw std::invalid_argument("rank: expected a value in [0, " + std::to_string(tp) + ")");
+  const int64_t H = shape_.hidden, I = shape_.intermediate;
+  check_write_args(slot, tp, rank, 32);  // whole scale groups per rank
   if (!w13_scale || !w2_scale)
     throw std::invalid_argument("write_weight_scale_to_buffer: " + method_ +
                                 " needs scale pointers");
@@ -1149,9 +1140,11 @@ void MoELayer::check_write_args(int64_t slot, int tp, int rank, int64_t multiple
     throw std::invalid_argument("expert_id: expected a value in [0, " + std::to_string(E) +
                                 "), got " + std::to_string(slot));
   if (tp < 1 || I % tp != 0 || (I / tp) % multiple != 0)
-    throw std::invalid_argument("gpu_tp_count: " + method_ + " needs I / gpu_tp_count to be a " +
-                                "multiple of " + std::to_string(multiple) +
-                                " (I = " + std::to_string(I) + "), got " + std::to_string(tp));
+    throw std::invalid_argument(
+        "gpu_tp_count: " + method_ +
+        (multiple > 1 ? " needs I / gpu_tp_count to be a multiple of " + std::to_string(multiple)
+                      : std::string(" needs a divisor of the intermediate size")) +
+        " (I = " + std::to_string(I) + "), got " + std::to_string(tp));
   if (rank < 0 || rank >= tp)
     throw std::invalid_argument("rank: expected a value in [0, " + std::to_string(tp) + ")");
 }
@@ -1243,7 +1236,7 @@ std::array<int64_t, 4> MoELayer::write_expert_bytes(int tp) const {
 
 void MoELayer::write_expert(int64_t slot, int tp, int rank, void* w13, float* w13_scale, void* w2,
                             float* w2_scale) const {
-  const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate;
+  const int64_t H = shape_.hidden, I = shape_.intermediate;
   if (format_ == WeightFormat::qgroup) {
     write_expert_qgroup(slot, tp, rank, static_cast<uint8_t*>(w13),
                         reinterpret_cast<uint16_t*>(w13_scale), static_cast<uint8_t*>(w2),
@@ -1259,15 +1252,7 @@ void MoELayer::write_expert(int64_t slot, int tp, int rank, void* w13, float* w1
   if (format_ != WeightFormat::bf16 && format_ != WeightFormat::fp8)
     throw std::invalid_argument("write_weight_scale_to_buffer: method " + method_ +
                                 " is not a native checkpoint format (BF16, FP8, FP8_PERCHANNEL)");
-  if (!loaded_) throw std::runtime_error("write_weight_scale_to_buffer: weights are not loaded");
-  if (slot < 0 || slot >= E)
-    throw std::invalid_argument("expert_id: expected a value in [0, " + std::to_string(E) +
-                                "), got " + std::to_string(slot));
-  if (tp < 1 || I % tp != 0)
-    throw std::invalid_argument("gpu_tp_count: expected a divisor of the intermediate size " +
-                                std::to_string(I) + ", got " + std::to_string(tp));
-  if (rank < 0 || rank >= tp)
-    throw std::invalid_argument("rank: expected a value in [0, " + std::to_string(tp) + ")");
+  check_write_args(slot, tp, rank, 1);
   const int64_t ir = I / tp, i0 = int64_t(rank) * ir, i1 = i0 + ir;
   const bool fp8 = format_ == WeightFormat::fp8;
   if (fp8 && fp8_block_ && ir % 128 != 0)
