@@ -501,18 +501,28 @@ class GemmGenerator : public JitGenerator {
       k_loop_mx(prefetch_next);
       return;
     }
-    if (pairs_) {
-      k_loop_pairs(prefetch_next);
-      return;
-    }
+    // K steps (bf16 pair kernels: k pairs) unrolled by kUnroll, then one by one.
+    auto step = [&](int u) {
+      if (pairs_)
+        microkernel_pairs(u, prefetch_next);
+      else
+        microkernel(u, prefetch_next);
+    };
+    auto move_on = [&](int steps) {
+      if (pairs_)
+        advance_pairs(steps, prefetch_next);
+      else
+        advance(steps, prefetch_next);
+    };
     Label loop, tail, tail_loop, done;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
+    if (pairs_) shr(reg_k, 1);
     cmp(reg_k, kUnroll);
     jl(tail, T_NEAR);
     L(loop);
     {
-      for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
-      advance(kUnroll, prefetch_next);
+      for (int u = 0; u < kUnroll; ++u) step(u);
+      move_on(kUnroll);
       sub(reg_k, kUnroll);
       cmp(reg_k, kUnroll);
       jge(loop, T_NEAR);
@@ -524,8 +534,8 @@ class GemmGenerator : public JitGenerator {
     {
       // 4-bit strips pack two K steps per byte block (k4 is even), so their tail goes by pairs.
       const int g = int4_ ? 2 : 1;
-      for (int u = 0; u < g; ++u) microkernel(u, prefetch_next);
-      advance(g, prefetch_next);
+      for (int u = 0; u < g; ++u) step(u);
+      move_on(g);
       sub(reg_k, g);
       jnz(tail_loop, T_NEAR);
     }
@@ -537,33 +547,8 @@ class GemmGenerator : public JitGenerator {
   // wreg, then one vdpbf16ps per (row, vector) with the row's pair broadcast from memory. While
   // prefetching, each pair step pulls two lines of the next strip (a full strip holds 4 lines a
   // K pair), so the first kPairPrefetchBlocks = 2 blocks (every pair call has >= 2) cover it.
+  // k_loop drives these over the k pairs.
   static constexpr int kPairPrefetchBlocks = 2;
-  void k_loop_pairs(bool prefetch_next) {
-    Label loop, tail, tail_loop, done;
-    mov(reg_k, arg(offsetof(GemmArgs, k4)));
-    shr(reg_k, 1);
-    cmp(reg_k, kUnroll);
-    jl(tail, T_NEAR);
-    L(loop);
-    {
-      for (int u = 0; u < kUnroll; ++u) microkernel_pairs(u, prefetch_next);
-      advance_pairs(kUnroll, prefetch_next);
-      sub(reg_k, kUnroll);
-      cmp(reg_k, kUnroll);
-      jge(loop, T_NEAR);
-    }
-    L(tail);
-    test(reg_k, reg_k);
-    jle(done, T_NEAR);
-    L(tail_loop);
-    {
-      microkernel_pairs(0, prefetch_next);
-      advance_pairs(1, prefetch_next);
-      dec(reg_k);
-      jnz(tail_loop, T_NEAR);
-    }
-    L(done);
-  }
   void microkernel_pairs(int u, bool prefetch_next) {
     if (prefetch_next) {
       prefetcht1(ptr[reg_pf + u * 128]);
