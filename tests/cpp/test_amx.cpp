@@ -23,6 +23,7 @@
 #include <sstream>
 #include <string>
 
+#include "bf16_case.hpp"
 #include "formats/convert.hpp"
 #include "formats/int8.hpp"
 #include "jit/amx_model.hpp"
@@ -563,55 +564,37 @@ TEST(AmxExecution, TileModelRunMatchesReferenceBitwise) {
 // twin bit for bit, and the twin against a float64 dot product of the same bf16 values within
 // the bound of its fp32 roundings (store epilogue).
 void check_problem_bf16(const Problem& p, uint64_t* traps, uint64_t* dps) {
-  const int sources = p.epi == Epilogue::siluup ? 2 : 1;
-  const auto l = formats::StripLayout::make(p.N, p.K, 16, kStripVecs, sources, 16);
-  std::vector<std::vector<float>> wf;
-  for (int s = 0; s < sources; ++s)
-    wf.push_back(test::random_floats(size_t(p.N * p.K), p.seed + 10 * uint32_t(s), 0.5f));
-  const float* ws[2] = {wf[0].data(), wf.back().data()};
-  std::vector<uint16_t> w(size_t(l.total_bytes() / 2));
-  std::vector<float> scale(size_t(l.total_cols()));
-  std::vector<int32_t> comp(size_t(l.total_cols()));
-  formats::pack_bf16_strips(l, ws, w.data(), scale.data(), comp.data());
-  const int64_t lda = p.K * 2 + 64;  // bytes; rows of bf16 activations
-  std::vector<uint16_t> a(size_t(p.M * lda / 2));
-  const std::vector<float> af = test::random_floats(a.size(), p.seed + 1, 2.0f);
-  for (size_t i = 0; i < a.size(); ++i) a[i] = formats::f32_to_bf16(af[i]);
-  std::vector<uint8_t> scratch(size_t(l.k4 * 32 * kStripVecs));
-  std::vector<float> ones(size_t(p.M), 1.0f);
-  std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
-  const int64_t stride = l.total_cols() + 16;
-  const std::vector<float> init = test::random_floats(size_t(p.M * stride), p.seed + 4, 0.5f);
-  std::vector<float> out_amx = init, out_ref = init;
+  test::Bf16Case c = test::make_bf16_case(p.epi, p.M, p.N, p.K, p.seed);
+  std::vector<float> out_amx = c.out, out_ref = c.out;
   auto rows_of = [&](std::vector<float>& buf) {
     std::vector<float*> r;
-    for (int64_t m = 0; m < p.M; ++m) r.push_back(buf.data() + ((m * 7) % p.M) * stride);
+    for (int64_t m = 0; m < p.M; ++m) r.push_back(buf.data() + ((m * 7) % p.M) * c.stride);
     return r;
   };
   std::vector<float*> r_amx = rows_of(out_amx), r_ref = rows_of(out_ref);
-  const int full_cols = l.strip_cols(l.strip_vecs);
+  const int full_cols = c.l.strip_cols(c.l.strip_vecs);
   auto args_for = [&](int64_t s0, int64_t ns, int64_t row0, int64_t blocks,
                       std::vector<float*>& rows) {
     GemmArgs g{};
-    g.a = reinterpret_cast<const int8_t*>(a.data()) + row0 * lda;
-    g.lda = lda;
-    g.w = reinterpret_cast<const int8_t*>(w.data()) + l.strip_offset(s0);
+    g.a = reinterpret_cast<const int8_t*>(c.a.data()) + row0 * c.lda;
+    g.lda = c.lda;
+    g.w = reinterpret_cast<const int8_t*>(c.w.data()) + c.l.strip_offset(s0);
     g.n_strips = ns;
-    g.k4 = l.k4;
-    g.a_scale = ones.data() + row0;
-    g.w_scale = scale.data() + s0 * full_cols;
-    g.w_comp = comp.data() + s0 * full_cols;
+    g.k4 = c.l.k4;
+    g.a_scale = c.ones.data() + row0;
+    g.w_scale = c.scale.data() + s0 * full_cols;
+    g.w_comp = c.comp.data() + s0 * full_cols;
     g.out_rows = rows.data() + row0;
-    g.out_col = s0 * gemm_strip_out_cols(IsaLevel::amx, l.strip_vecs, p.epi);
-    g.row_weight = rw.data() + row0;
+    g.out_col = s0 * gemm_strip_out_cols(IsaLevel::amx, c.l.strip_vecs, p.epi);
+    g.row_weight = c.rw.data() + row0;
     g.m_blocks = blocks;
-    g.scratch = scratch.data();
+    g.scratch = c.scratch.data();
     return g;
   };
   for (int part = 0; part < 2; ++part) {
-    const int64_t s0 = part ? l.full_strips : 0;
-    const int64_t ns = part ? (l.tail_vecs ? 1 : 0) : l.full_strips;
-    const int nv = part ? l.tail_vecs : l.strip_vecs;
+    const int64_t s0 = part ? c.l.full_strips : 0;
+    const int64_t ns = part ? (c.l.tail_vecs ? 1 : 0) : c.l.full_strips;
+    const int nv = part ? c.l.tail_vecs : c.l.strip_vecs;
     if (ns == 0) continue;
     const int64_t blocks = p.M / 16, rem = p.M % 16;
     for (int step = 0; step < 2; ++step) {
@@ -639,13 +622,8 @@ void check_problem_bf16(const Problem& p, uint64_t* traps, uint64_t* dps) {
   // roundings of partial sums bounded by sum |a w| (no subnormals in this data).
   for (int64_t m = 0; m < p.M; ++m)
     for (int64_t n = 0; n < p.N; ++n) {
-      double dot = 0, mag = 0;
-      for (int64_t k = 0; k < p.K; ++k) {
-        const double x = formats::bf16_to_f32(a[size_t(m * lda / 2 + k)]);
-        const double y = formats::bf16_to_f32(formats::f32_to_bf16(wf[0][size_t(n * p.K + k)]));
-        dot += x * y;
-        mag += std::fabs(x * y);
-      }
+      double mag;
+      const double dot = test::bf16_dot64(c, m, n, p.K, &mag);
       const float got = r_ref[size_t(m)][n];
       const double bound = (double(p.K) / 16 + 18) * std::ldexp(1.0, -24) * mag + 1e-30;
       ASSERT_LE(std::fabs(double(got) - dot), bound) << p.repro() << " m=" << m << " n=" << n;

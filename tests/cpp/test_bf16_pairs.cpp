@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16_case.hpp"
 #include "formats/convert.hpp"
 #include "formats/int8.hpp"
 #include "jit/gemm.hpp"
@@ -73,61 +74,43 @@ struct Problem {
 // blocks of m_r = 6 rows (the pair kernels' tile), out rows scattered. Returns the outputs of the
 // generated kernels (run = true) or of the twin.
 std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot_check) {
-  const int sources = p.epi == Epilogue::siluup ? 2 : 1;
-  const auto l = formats::StripLayout::make(p.N, p.K, 16, kStripVecs, sources, 16);
-  std::vector<std::vector<float>> wf;
-  for (int s = 0; s < sources; ++s)
-    wf.push_back(test::random_floats(size_t(p.N * p.K), p.seed + 10 * uint32_t(s), 0.5f));
-  const float* ws[2] = {wf[0].data(), wf.back().data()};
-  std::vector<uint16_t> w(size_t(l.total_bytes() / 2));
-  std::vector<float> scale(size_t(l.total_cols()));
-  std::vector<int32_t> comp(size_t(l.total_cols()));
-  formats::pack_bf16_strips(l, ws, w.data(), scale.data(), comp.data());
-  const int64_t lda = p.K * 2 + 64;  // bytes; rows of bf16 activations
-  std::vector<uint16_t> a(size_t(p.M * lda / 2));
-  const std::vector<float> af = test::random_floats(a.size(), p.seed + 1, 2.0f);
-  for (size_t i = 0; i < a.size(); ++i) a[i] = formats::f32_to_bf16(af[i]);
-  std::vector<uint8_t> scratch(size_t(l.k4 * 32 * kStripVecs));
-  std::vector<float> ones(size_t(p.M), 1.0f);
-  const std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
-  const int64_t stride = l.total_cols() + 16;
-  std::vector<float> out = test::random_floats(size_t(p.M * stride), p.seed + 4, 0.5f);
+  test::Bf16Case c = test::make_bf16_case(p.epi, p.M, p.N, p.K, p.seed);
   std::vector<float*> rows;
   for (int64_t m = 0; m < p.M; ++m)  // a permutation: no M here is a multiple of 7
-    rows.push_back(out.data() + ((m * 7) % p.M) * stride);
+    rows.push_back(c.out.data() + ((m * 7) % p.M) * c.stride);
   const int m_r = gemm_max_rows(IsaLevel::avx512_bf16, WeightFormat::bf16);
-  const int full_cols = l.strip_cols(l.strip_vecs);
+  const int full_cols = c.l.strip_cols(c.l.strip_vecs);
   for (int part = 0; part < 2; ++part) {
-    const int64_t s0 = part ? l.full_strips : 0;
-    const int64_t ns = part ? (l.tail_vecs ? 1 : 0) : l.full_strips;
+    const int64_t s0 = part ? c.l.full_strips : 0;
+    const int64_t ns = part ? (c.l.tail_vecs ? 1 : 0) : c.l.full_strips;
     if (ns == 0) continue;
     KernelKey key;
     key.kind = KernelKind::gemm_prefill;
     key.isa = IsaLevel::avx512_bf16;
     key.format = WeightFormat::bf16;
     key.m_r = uint8_t(m_r);
-    key.n_vec = uint8_t(part ? l.tail_vecs : l.strip_vecs);
+    key.n_vec = uint8_t(part ? c.l.tail_vecs : c.l.strip_vecs);
     key.epilogue = p.epi;
     key.variant = kBf16Pairs;
     GemmArgs g{};
-    g.a = reinterpret_cast<const int8_t*>(a.data());
-    g.lda = lda;
-    g.w = reinterpret_cast<const int8_t*>(w.data()) + l.strip_offset(s0);
+    g.a = reinterpret_cast<const int8_t*>(c.a.data());
+    g.lda = c.lda;
+    g.w = reinterpret_cast<const int8_t*>(c.w.data()) + c.l.strip_offset(s0);
     g.n_strips = ns;
-    g.k4 = l.k4;
-    g.a_scale = ones.data();
-    g.w_scale = scale.data() + s0 * full_cols;
-    g.w_comp = comp.data() + s0 * full_cols;
+    g.k4 = c.l.k4;
+    g.a_scale = c.ones.data();
+    g.w_scale = c.scale.data() + s0 * full_cols;
+    g.w_comp = c.comp.data() + s0 * full_cols;
     g.out_rows = rows.data();
-    g.out_col = s0 * gemm_strip_out_cols(IsaLevel::avx512_bf16, l.strip_vecs, p.epi);
-    g.row_weight = rw.data();
+    g.out_col = s0 * gemm_strip_out_cols(IsaLevel::avx512_bf16, c.l.strip_vecs, p.epi);
+    g.row_weight = c.rw.data();
     g.m_blocks = p.M / m_r;
-    g.scratch = scratch.data();
+    g.scratch = c.scratch.data();
     if (generated) {
       const Kernel* k = KernelCache::instance().get(key);
       if (!k) {
         ADD_FAILURE() << "no kernel for " << key.name();
-        return out;
+        return c.out;
       }
       reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&g);
     } else {
@@ -137,18 +120,13 @@ std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot
   if (dot_check && p.epi == Epilogue::store) {  // float64 dot products of the same bf16 values
     for (int64_t m = 0; m < p.M / m_r * m_r; ++m)
       for (int64_t n = 0; n < p.N; ++n) {
-        double dot = 0, mag = 0;
-        for (int64_t k = 0; k < p.K; ++k) {
-          const double x = formats::bf16_to_f32(a[size_t(m * lda / 2 + k)]);
-          const double y = formats::bf16_to_f32(formats::f32_to_bf16(wf[0][size_t(n * p.K + k)]));
-          dot += x * y;
-          mag += std::fabs(x * y);
-        }
+        double mag;
+        const double dot = test::bf16_dot64(c, m, n, p.K, &mag);
         dot_check->push_back(float(std::fabs(rows[size_t(m)][n] - dot) /
                                    ((double(p.K) + 1) * std::ldexp(1.0, -24) * mag + 1e-30)));
       }
   }
-  return out;
+  return c.out;
 }
 
 const Problem kProblems[] = {
