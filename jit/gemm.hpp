@@ -136,6 +136,15 @@ inline bool bf16_pair_kernel(const KernelKey& key) {
   return key.format == WeightFormat::bf16 && key.kind == KernelKind::gemm_prefill &&
          (key.isa == IsaLevel::amx || (key.variant & kBf16Pairs));
 }
+// fp8 decode kernels of <= 4 rows at avx512_bf16 (variant kBf16Pairs; K and g_steps even): bf16
+// activation pairs (rounded RNE by the caller), and the e4m3 bytes of k and k + 1 turned into
+// the bf16 pair of their values (exact: e4m3 fits bf16) by two vpermi2b table lookups on the
+// 7 magnitude bits and the sign or-ed in. Per scale group, per column, in pair order:
+//   g = vdpbf16ps_lane(g, a_pair[p], w_pair[p]);  then  acc = fma(g, scale, acc)
+// (decode_group_accumulate without the 2^8: these values are unscaled).
+inline bool fp8_pair_kernel(const KernelKey& key) {
+  return key.format == WeightFormat::fp8 && (key.variant & kBf16Pairs);
+}
 // One fp32 lane of vdpbf16ps (the SDM's pseudo-code; Zen 4 measured equal): the odd products
 // first, then the even, each one fp32 rounding (a bf16 product is exact in fp32), with bf16 and
 // fp32 subnormal inputs read as zero and subnormal results flushed to zero (sign kept).

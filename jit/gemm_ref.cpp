@@ -318,7 +318,31 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           }
           y[n] = acc;
         }
-        for (int n = 0; n < cols && fp8; ++n) {
+        for (int n = 0; n < cols && fp8 && fp8_pair_kernel(key); ++n) {
+          // vdpbf16ps over bf16 activation pairs and the pair's e4m3 values as bf16 (exact),
+          // summed per scale group and folded with the group's scale.
+          const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);
+          const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
+          const int half = key.epilogue == Epilogue::siluup && n >= cols / 2 ? 1 : 0;
+          const float* gs = args.w_gscale + s * args.g_per_strip * 2 * lanes;
+          auto bf16 = [](uint8_t b) {
+            uint32_t bits;
+            const float f = fp8_value(b);
+            std::memcpy(&bits, &f, 4);
+            return bits >> 16;
+          };
+          float acc = 0.0f, g = 0.0f;
+          for (int64_t k = 0; k < args.k4; k += 2) {
+            const uint32_t b = bf16(wb[k * cols + n]) | bf16(wb[(k + 1) * cols + n]) << 16;
+            g = vdpbf16ps_lane(g, a32[k / 2], b);
+            if ((k + 2) % args.g_steps == 0 || k + 2 >= args.k4) {
+              acc = std::fma(g, gs[((k / args.g_steps) * 2 + half) * lanes], acc);
+              g = 0.0f;
+            }
+          }
+          y[n] = (args.a_scale[m] * wscale[n]) * acc;
+        }
+        for (int n = 0; n < cols && fp8 && !fp8_pair_kernel(key); ++n) {
           const float* af = reinterpret_cast<const float*>(a);
           const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
           const int half = key.epilogue == Epilogue::siluup && n >= cols / 2 ? 1 : 0;

@@ -46,8 +46,9 @@ constexpr uint8_t kSwigluAlpha = 2;  // h = g * sigmoid(alpha * g) * (u + 1)
 constexpr uint8_t kQGroupNibbles = 1;  // codes stored as 4-bit indices into GemmArgs::lut
 constexpr uint8_t kQGroupBias = 2;     // a per-(column, group) offset term
 
-// KernelKey::variant bit of WeightFormat::bf16 prefill kernels at avx512_bf16: bf16 activation
-// pairs and vdpbf16ps over the strip re-laid as k pairs (jit/gemm.hpp bf16_pair_kernel).
+// KernelKey::variant bit of kernels at avx512_bf16 that take bf16 activation pairs and multiply
+// with vdpbf16ps: WeightFormat::bf16 prefill over the strip re-laid as k pairs (jit/gemm.hpp
+// bf16_pair_kernel) and WeightFormat::fp8 decode of <= 4 rows (fp8_pair_kernel).
 constexpr uint8_t kBf16Pairs = 1;
 
 enum class Epilogue : uint8_t {

@@ -64,7 +64,8 @@ std::string KernelKey::name() const {
       << epilogue_name(epilogue);
     if (format == WeightFormat::mxfp4 || format == WeightFormat::mxfp8)  // SwiGLU variants
       s << (variant & kSwigluAlpha ? "_alpha" : "") << (variant & kSwigluClamp ? "_clamp" : "");
-    if (format == WeightFormat::bf16 && (variant & kBf16Pairs)) s << "_dpbf16";
+    if ((format == WeightFormat::bf16 || format == WeightFormat::fp8) && (variant & kBf16Pairs))
+      s << "_dpbf16";
   } else {
     s << '_' << isa_tag(isa) << "_v" << int(variant);
   }

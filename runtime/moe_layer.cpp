@@ -261,11 +261,13 @@ const char* built_methods() {
 }
 
 GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs,
-                                   uint8_t variant) {
+                                   uint8_t variant, bool k_pairs) {
   // amx: AMX-INT8 (int8) and AMX-BF16 (bf16) prefill tiles for experts with >= 16 rows
   // (docs/ARCHITECTURE.md "AMX"); decode, short experts, remainders and the other formats run the
   // avx512_bf16 kernels. avx512_bf16 (native): bf16 experts with >= kBf16PairMinRows rows run
   // vdpbf16ps pair kernels (the strip re-laid as k pairs once per strip pays off from ~2 blocks).
+  // fp8 at avx512_bf16 (and amx): decode of 1-4 rows through vdpbf16ps (fp8_pair_kernel), when
+  // K and the scale group are even (k_pairs); wider tiles keep the fp32 kernels.
   const bool amx = isa == IsaLevel::amx;
   if (amx) isa = IsaLevel::avx512_bf16;
   GemmKernelSet ks;
@@ -287,6 +289,8 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
   for (int m = 1; m <= ks.max_rows; ++m) {
     ks.decode_full.push_back(key(KernelKind::gemm_decode, m, kStripVecs));
     ks.decode_tail.push_back(key(KernelKind::gemm_decode, m, tail));
+    if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx512_bf16 && k_pairs && m <= 4)
+      ks.decode_full.back().variant = ks.decode_tail.back().variant = kBf16Pairs;
   }
   ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kStripVecs);
   ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
@@ -327,9 +331,13 @@ std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, 
       formats::StripLayout::make(shape.intermediate, shape.hidden, lanes, kStripVecs, 2, bits);
   auto down =
       formats::StripLayout::make(shape.hidden, shape.intermediate, lanes, kStripVecs, 1, bits);
+  // fp8 scale groups are 128 or all of K, so an even K gives even groups.
   std::vector<KernelKey> keys =
-      make_gemm_kernel_set(isa, fmt, Epilogue::siluup, gu.tail_vecs).keys();
-  for (auto& k : make_gemm_kernel_set(isa, fmt, Epilogue::accum, down.tail_vecs).keys())
+      make_gemm_kernel_set(isa, fmt, Epilogue::siluup, gu.tail_vecs, 0, shape.hidden % 2 == 0)
+          .keys();
+  for (auto& k : make_gemm_kernel_set(isa, fmt, Epilogue::accum, down.tail_vecs, 0,
+                                      shape.intermediate % 2 == 0)
+                     .keys())
     keys.push_back(k);
   return keys;
 }
@@ -343,10 +351,12 @@ void MoELayer::build_kernels() {
       return uint8_t((g.code_bits == 4 ? kQGroupNibbles : 0) | (g.bias ? kQGroupBias : 0));
     };
     const bool qg = format_ == WeightFormat::qgroup;
-    sh.gu_kernels = make_gemm_kernel_set(isa_, format_, Epilogue::siluup, sh.gu.tail_vecs,
-                                         qg ? qg_variant(qg_gu_) : swiglu_variant());
+    auto k_pairs = [](const formats::StripLayout& l) { return l.k % 2 == 0 && l.g_steps % 2 == 0; };
+    sh.gu_kernels =
+        make_gemm_kernel_set(isa_, format_, Epilogue::siluup, sh.gu.tail_vecs,
+                             qg ? qg_variant(qg_gu_) : swiglu_variant(), k_pairs(sh.gu));
     sh.down_kernels = make_gemm_kernel_set(isa_, format_, Epilogue::accum, sh.down.tail_vecs,
-                                           qg ? qg_variant(qg_down_) : 0);
+                                           qg ? qg_variant(qg_down_) : 0, k_pairs(sh.down));
     if (isa_ == IsaLevel::ref) continue;
     for (GemmKernelSet* ks : {&sh.gu_kernels, &sh.down_kernels}) {
       for (auto& k : ks->decode_full) ks->decode_full_k.push_back(cache.get(k));
@@ -737,7 +747,8 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     pair_weight.assign(size_t(pair_rows), 0.0f);
     if (row_weight) std::copy(row_weight, row_weight + rows, pair_weight.begin());
   }
-  int64_t i16_row0 = -1;  // first row of the int16 codes converted in this call (mxfp4 decode)
+  int64_t i16_row0 = -1;   // first row of the int16 codes converted in this call (mxfp4 decode)
+  int64_t bf16_row0 = -1;  // likewise for the bf16 rows of the fp8 pair kernels
   auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
                   int64_t m_blocks) {
     GemmArgs args;
@@ -751,6 +762,18 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     }
     float* const* rows_out = bf16_pair_kernel(key) ? pair_out.data() : out_rows;
     const float* rows_weight = bf16_pair_kernel(key) ? pair_weight.data() : row_weight;
+    if (fp8_pair_kernel(key)) {  // the rows as bf16 (RNE), once per run_gemm like the int16 codes
+      static thread_local std::vector<uint16_t> a_bf16;
+      if (bf16_row0 != row0) {
+        a_bf16.resize(size_t(layout.k * key.m_r));
+        for (int r = 0; r < key.m_r; ++r)
+          formats::f32_to_bf16_row(reinterpret_cast<const float*>(a + (row0 + r) * lda), layout.k,
+                                   &a_bf16[size_t(r * layout.k)]);
+        bf16_row0 = row0;
+      }
+      args.a = reinterpret_cast<const int8_t*>(a_bf16.data());
+      args.lda = layout.k * 2;
+    }
     if (mx_int16_activations(key)) {  // the rows as int16 group codes (jit/gemm.hpp)
       // Once per run_gemm: the full and tail strips and every chunk reuse the same rows.
       static thread_local std::vector<uint8_t> a_i16;

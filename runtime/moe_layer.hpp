@@ -78,8 +78,10 @@ const char* built_methods();
 
 // The kernel keys (not yet generated) an integer layer of this shape uses at `isa`.
 // `variant`: the keys' KernelKey::variant (mx gate/up: kSwigluClamp | kSwigluAlpha).
+// `k_pairs`: K and the scale group split into k pairs (both even), which fp8 decode at
+// avx512_bf16 needs for its kBf16Pairs kernels of 1-4 rows (jit/gemm.hpp fp8_pair_kernel).
 GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs,
-                                   uint8_t variant = 0);
+                                   uint8_t variant = 0, bool k_pairs = false);
 std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa);
 
 // A slice [i_begin, i_end) of the intermediate dimension of every expert (the unit a NUMA pool

@@ -75,7 +75,13 @@ def test_fp8_moe_vs_torch(ref, method, T):
     one = lambda t: (t, torch.ones(*t.shape[:-1], 1))  # weights already dequantized
     expect = ref.moe_reference(x, ids, w, gate, up, down, wq=one)
     err = ref.rel_l1(out, expect)
-    assert err <= 1e-5, f"{method} T={T}: relative L1 {err:.3g} (bar 1e-2)"
+    # fp32 activations: only summation order differs. At avx512_bf16 (and amx) experts with 1-4
+    # rows decode through vdpbf16ps with bf16-rounded activations (jit/gemm.hpp fp8_pair_kernel):
+    # the SPEC bar (1e-2) applies there, and the error is printed for docs/FORMATS.md.
+    pairs = layer.isa in ("avx512_bf16", "amx")
+    bar = 1e-2 if pairs else 1e-5
+    print(f"{method} isa={layer.isa} T={T}: relative L1 {err:.3g}")
+    assert err <= bar, f"{method} T={T}: relative L1 {err:.3g} (bar {bar})"
 
 
 @pytest.mark.parametrize("isa", list(_core.runnable_isas()))
