@@ -81,7 +81,7 @@ struct GemmArgs {
   // mxfp4 / mxfp8 siluup kernels with kSwigluClamp / kSwigluAlpha: L and alpha (SPEC §4).
   float swiglu_limit;
   float swiglu_alpha;
-  // bf16 pair kernels only (AMX-BF16, kBf16Pairs): per-thread scratch of k4 * 32 * n_vec bytes,
+  // scratch_pair_kernel only (AMX-BF16, kBf16Pairs): per-thread scratch of k4 * 32 * n_vec bytes,
   // where the kernel lays out each strip as k pairs ([k/2][column][2]) once and reuses it for
   // every M block.
   void* scratch;
@@ -142,8 +142,16 @@ inline bool bf16_pair_kernel(const KernelKey& key) {
 // 7 magnitude bits and the sign or-ed in. Per scale group, per column, in pair order:
 //   g = vdpbf16ps_lane(g, a_pair[p], w_pair[p]);  then  acc = fma(g, scale, acc)
 // (decode_group_accumulate without the 2^8: these values are unscaled).
+// The prefill ones (any rows, K and g_steps even) first decode each strip the same way into
+// GemmArgs::scratch as bf16 pairs and run the bf16 pair microkernel over it, block after block,
+// into the same group sums: the same numbers as the decode ones.
 inline bool fp8_pair_kernel(const KernelKey& key) {
   return key.format == WeightFormat::fp8 && (key.variant & kBf16Pairs);
+}
+// Kernels that take bf16 activations in blocks of m_r rows and a per-thread scratch of
+// k4 * 32 * n_vec bytes for the strip as k pairs: bf16 pair kernels and fp8 pair prefill.
+inline bool scratch_pair_kernel(const KernelKey& key) {
+  return bf16_pair_kernel(key) || (fp8_pair_kernel(key) && key.kind == KernelKind::gemm_prefill);
 }
 // One fp32 lane of vdpbf16ps (the SDM's pseudo-code; Zen 4 measured equal): the odd products
 // first, then the even, each one fp32 rounding (a bf16 product is exact in fp32), with bf16 and

@@ -299,7 +299,8 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.isa = ks.tile_tail.isa = IsaLevel::amx;
-  } else if (fmt == WeightFormat::bf16 && isa == IsaLevel::avx512_bf16) {
+  } else if (isa == IsaLevel::avx512_bf16 &&
+             (fmt == WeightFormat::bf16 || (fmt == WeightFormat::fp8 && k_pairs))) {
     ks.tile_rows = ks.max_rows;
     ks.tile_min_rows = kBf16PairMinRows;
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
@@ -727,7 +728,8 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
   // scratch for the strip's k-pair layout. All rows go there: the last block is padded with zero
   // rows whose outputs land in a per-thread dummy row (routing weight 0), which costs less than
   // streaming the strip through the fp32 kernels again for the remainder.
-  const bool bf16_pairs = ks.tile_rows && format_ == WeightFormat::bf16 &&
+  const bool bf16_pairs = ks.tile_rows &&
+                          (format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8) &&
                           rows >= ks.tile_min_rows && layout.k % 2 == 0;
   static thread_local std::vector<uint16_t> a16;
   static thread_local std::vector<uint8_t> pair_scratch;
@@ -755,14 +757,16 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     args.a = a + row0 * lda;
     args.lda = lda;
     args.scratch = nullptr;
-    if (bf16_pair_kernel(key)) {
+    if (scratch_pair_kernel(key)) {
       args.a = reinterpret_cast<const int8_t*>(a16.data() + row0 * layout.k);
       args.lda = layout.k * 2;
       args.scratch = pair_scratch.data();
     }
-    float* const* rows_out = bf16_pair_kernel(key) ? pair_out.data() : out_rows;
-    const float* rows_weight = bf16_pair_kernel(key) ? pair_weight.data() : row_weight;
-    if (fp8_pair_kernel(key)) {  // the rows as bf16 (RNE), once per run_gemm like the int16 codes
+    float* const* rows_out = scratch_pair_kernel(key) ? pair_out.data() : out_rows;
+    const float* rows_weight = scratch_pair_kernel(key) ? pair_weight.data() : row_weight;
+    if (fp8_pair_kernel(key) &&
+        !scratch_pair_kernel(
+            key)) {  // the rows as bf16 (RNE), once per run_gemm like the int16 codes
       static thread_local std::vector<uint16_t> a_bf16;
       if (bf16_row0 != row0) {
         a_bf16.resize(size_t(layout.k * key.m_r));
@@ -832,7 +836,8 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       n = std::min(chunk, s1 - c0);
       int64_t row = 0;
       if (ks.tile_rows && rows >= ks.tile_min_rows &&
-          (format_ != WeightFormat::bf16 || bf16_pairs)) {  // the tile tier, then the rest
+          (format_ != WeightFormat::bf16 || bf16_pairs) &&
+          (format_ != WeightFormat::fp8 || bf16_pairs)) {  // the tile tier, then the rest
         const int64_t blocks = (bf16_pairs ? pair_rows : rows) / ks.tile_rows;
         call(tail ? ks.tile_tail : ks.tile_full,
              ref ? nullptr : (tail ? ks.tile_tail_k : ks.tile_full_k), c0, n, 0, blocks);

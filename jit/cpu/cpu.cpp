@@ -276,7 +276,12 @@ std::vector<std::string> missing_for(IsaLevel level, const CpuFeatures& f) {
     need(f.os_avx512, "AVX-512 register state (XCR0 bits 5-7)");
   }
   if (l >= int(IsaLevel::avx512_vnni)) need(f.avx512_vnni, "avx512_vnni (CPUID)");
-  if (l >= int(IsaLevel::avx512_bf16)) need(f.avx512_bf16, "avx512_bf16 (CPUID)");
+  if (l >= int(IsaLevel::avx512_bf16)) {
+    need(f.avx512_bf16, "avx512_bf16 (CPUID)");
+    // The level's FP8 kernels decode e4m3 with vpermi2b. Every AVX512-BF16 CPU but Cooper Lake
+    // has VBMI (Sapphire Rapids and later, Zen 4 and later); Cooper Lake runs avx512_vnni.
+    need(f.avx512_vbmi, "avx512_vbmi (CPUID)");
+  }
   if (l >= int(IsaLevel::amx)) {
     need(f.amx_tile, "amx_tile (CPUID)");
     need(f.amx_int8, "amx_int8 (CPUID)");

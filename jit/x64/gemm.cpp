@@ -65,10 +65,10 @@ class GemmGenerator : public JitGenerator {
           key.describe());
     if (fp8_ && (key.variant & ~kBf16Pairs))
       throw std::invalid_argument("gemm: unknown fp8 variant bits: " + key.describe());
-    if (fp8p_ && (key.kind != KernelKind::gemm_decode || key.isa != IsaLevel::avx512_bf16 ||
-                  key.m_r > kFp8PairMaxRows))
+    if (fp8p_ && (key.isa != IsaLevel::avx512_bf16 ||
+                  (key.kind == KernelKind::gemm_decode && key.m_r > kFp8PairMaxRows)))
       throw std::invalid_argument(
-          "gemm: fp8 pair kernels (vdpbf16ps) are decode kernels of <= 4 rows at avx512_bf16: " +
+          "gemm: fp8 pair kernels (vdpbf16ps) are at avx512_bf16, decode ones of <= 4 rows: " +
           key.describe());
     if (qg_ && (key.variant & ~(kQGroupNibbles | kQGroupBias)))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
@@ -141,7 +141,7 @@ class GemmGenerator : public JitGenerator {
       imul(r, arg(offsetof(GemmArgs, g_per_strip)));
     } else {
       mov(r, arg(offsetof(GemmArgs, k4)));
-      imul(r, r, step_bytes());
+      imul(r, r, fp8p_ ? strip_cols() : step_bytes());  // fp8 pair steps are two K steps
     }
   }
   // qgroup registers: the row block's a_gsum entry of the current group, and groups left.
@@ -200,12 +200,15 @@ class GemmGenerator : public JitGenerator {
     L(strip_loop);
     {
       mov(reg_strip, reg_w);
-      if (pairs_) {  // the strip as k pairs into the scratch, read by every M block
+      if (scratch_pairs()) {  // the strip as k pairs into the scratch, read by every M block
         mov(reg_pf, arg(offsetof(GemmArgs, scratch)));
         mov(reg_tmp2, reg_strip);
         mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
         shr(reg_tmp, 1);
-        emit_bf16_pair_repack(reg_pf, reg_tmp2, reg_tmp, nv_, step_bytes(), zmm30, zmm31);
+        if (fp8p_)
+          fp8_pair_repack();
+        else
+          emit_bf16_pair_repack(reg_pf, reg_tmp2, reg_tmp, nv_, step_bytes(), zmm30, zmm31);
       }
       if (prefill_) {
         Label mb_loop, mb_done;
@@ -221,11 +224,11 @@ class GemmGenerator : public JitGenerator {
         L(mb_loop);
         {
           Label no_pf, next;
-          if (pairs_)
+          if (scratch_pairs())
             mov(reg_w, arg(offsetof(GemmArgs, scratch)));
           else
             mov(reg_w, reg_strip);
-          cmp(reg_row, (pairs_ ? kPairPrefetchBlocks : kPrefetchBlocks) * mr_);
+          cmp(reg_row, (pairs_ ? kPairPrefetchBlocks : fp8p_ ? 1 : kPrefetchBlocks) * mr_);
           jge(no_pf, T_NEAR);
           compute_block(true);
           jmp(next, T_NEAR);
@@ -287,7 +290,7 @@ class GemmGenerator : public JitGenerator {
       add(reg_a3, reg_lda);
     }
     if (qg_) load_params_qgroup();
-    if (fp8p_) fp8_pair_constants();
+    if (fp8p_ && !prefill_) fp8_pair_constants();
     if (i16_)
       vmovups(Zmm(29), zword[rip + c_e2m1_w_]);  // 2 * e2m1 as int16, twice
     else if (mx4_ && zmm_isa() && mr_ < 6)
@@ -336,33 +339,52 @@ class GemmGenerator : public JitGenerator {
       cmp(reg_gk, reg_k);
       cmovg(reg_gk, reg_k);  // the last group may be short
       sub(reg_k, reg_gk);
+      // fp8 pair prefill reads the strip's k-pair copy in the scratch (scratch_pairs).
+      auto step = [&](int u) {
+        if (scratch_pairs())
+          microkernel_pairs(u, prefetch_next);
+        else
+          microkernel(u, prefetch_next);
+      };
+      auto move_on = [&](int steps) {
+        if (scratch_pairs())
+          advance_pairs(steps, prefetch_next);
+        else
+          advance(steps, prefetch_next);
+      };
       L(inner);
       cmp(reg_gk, kUnroll);
       jl(tail, T_NEAR);
-      for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
-      advance(kUnroll, prefetch_next);
+      for (int u = 0; u < kUnroll; ++u) step(u);
+      move_on(kUnroll);
       sub(reg_gk, kUnroll);
       jmp(inner, T_NEAR);
       L(tail);
       test(reg_gk, reg_gk);
       jz(gdone, T_NEAR);
-      microkernel(0, prefetch_next);
-      advance(1, prefetch_next);
+      step(0);
+      move_on(1);
       dec(reg_gk);
       jmp(tail, T_NEAR);
       L(gdone);
-      if (gacc_) {  // acc += g * (scale * 2^8): one rounding per group
+      if (gacc_) {  // acc += g * scale (* 2^8 for the fp16 route): one rounding per group
         const int half_vecs = key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_;
+        auto fold = [&](const Xmm& dst, const Xmm& g, int h) {
+          if (fp8_scale_regs())
+            vfmadd231ps(dst, g, Zmm(28 + h));
+          else
+            vfmadd231ps(dst, g, zword[rsp + kFp8ScaleStack + h * vec_bytes()]);
+        };
         for (int m = 0; m < mr_; ++m)
           for (int v = 0; v < nv_; ++v) {
-            const Zmm scale(28 + (v < half_vecs ? 0 : 1));
+            const int h = v < half_vecs ? 0 : 1;
             if (fp8_stack_acc()) {
               const Address slot = zword[rsp + fp8_acc_slot(m, v)];
               vmovups(Zmm(31), slot);
-              vfmadd231ps(Zmm(31), gacc(m, v), scale);
+              fold(Zmm(31), gacc(m, v), h);
               vmovups(slot, Zmm(31));
             } else {
-              vfmadd231ps(acc(m, v), gacc(m, v), scale);
+              fold(acc(m, v), gacc(m, v), h);
             }
           }
       }
@@ -578,8 +600,9 @@ class GemmGenerator : public JitGenerator {
   // reg_a / reg_a3 the bf16 activation rows (4 bytes a pair). Per pair: the strip's vectors into
   // wreg, then one vdpbf16ps per (row, vector) with the row's pair broadcast from memory. While
   // prefetching, each pair step pulls two lines of the next strip (a full strip holds 4 lines a
-  // K pair), so the first kPairPrefetchBlocks = 2 blocks (every pair call has >= 2) cover it.
-  // k_loop drives these over the k pairs.
+  // K pair), so the first kPairPrefetchBlocks = 2 blocks (every pair call has >= 2) cover it;
+  // an fp8 strip holds 2 lines a K pair, so its first block does. k_loop drives these over the k
+  // pairs (k_loop_fp8 for fp8 pair prefill, into the group sums).
   static constexpr int kPairPrefetchBlocks = 2;
   void microkernel_pairs(int u, bool prefetch_next) {
     if (prefetch_next) {
@@ -588,7 +611,8 @@ class GemmGenerator : public JitGenerator {
     }
     for (int v = 0; v < nv_; ++v) vmovups(wreg(v), zword[reg_w + (u * nv_ + v) * 64]);
     for (int m = 0; m < mr_; ++m)
-      for (int v = 0; v < nv_; ++v) vdpbf16ps(acc(m, v), wreg(v), ptr_b[a_row(m) + 4 * u]);
+      for (int v = 0; v < nv_; ++v)
+        vdpbf16ps(fp8p_ ? gacc(m, v) : acc(m, v), wreg(v), ptr_b[a_row(m) + 4 * u]);
   }
   void advance_pairs(int pairs, bool prefetch_next) {
     if (prefetch_next) add(reg_pf, 128 * pairs);
@@ -679,6 +703,9 @@ class GemmGenerator : public JitGenerator {
   static constexpr int kFp8AccStack = kFp8ScaleStack + 2 * 64;
   static constexpr int kFp8PairMaxRows = 4;
   bool fp8_stack_acc() const { return fp8p_ && mr_ > 2; }
+  // Kernels whose K loop reads the strip re-laid as k pairs in GemmArgs::scratch: bf16 pair
+  // kernels and fp8 pair prefill.
+  bool scratch_pairs() const { return pairs_ || (fp8p_ && prefill_); }
   int fp8_acc_slot(int m, int v) const { return kFp8AccStack + (m * nv_ + v) * 64; }
   // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there), others on the stack.
   bool fp8_scale_regs() const { return zmm_isa() && mr_ <= 4; }
@@ -751,15 +778,17 @@ class GemmGenerator : public JitGenerator {
     }
   }
 
-  // fp8 pair kernels (fp8_pair_kernel, <= 2 rows, avx512_bf16): one step is a k pair, whose two
-  // strip rows (2 * cols bytes, contiguous) load into zmm23/24. Per 32 columns j: vpermi2b with
+  // fp8 pair kernels (fp8_pair_kernel, avx512_bf16): one step is a k pair, whose two strip rows
+  // (2 * cols bytes, contiguous) load into zmm23/24. Per 32 columns j: vpermi2b with
   // c_fp8_idx_[j] gathers the bytes as (row k, row k + 1) pairs in the order the byte unpacks below
   // need to give natural column order; two vpermi2b over 128-byte tables map the 7 magnitude bits
   // to the low and high byte of the value's bf16 (exact: e4m3 fits bf16, subnormals included; the
   // NaN codes give +-480 as fp8_value), the sign bit is or-ed into the high byte, and
-  // vpunpcklbw / vpunpckhbw interleave them into 16 bf16 pairs each (columns 32j..+15, +16..+31):
-  // one vdpbf16ps per row with the row's bf16 activation pair broadcast. 9 vector instructions per
-  // 64 weights, against 20 for the fp16 route; 40 GB/s against 19 from L2 on Zen 4 (m1).
+  // vpunpcklbw / vpunpckhbw interleave them into 16 bf16 pairs each (columns 32j..+15, +16..+31).
+  // Decode tiles (<= 4 rows) then issue one vdpbf16ps per row with the row's bf16 activation pair
+  // broadcast: 9 vector instructions per 64 weights and row, against 20 for the fp16 route; 40 GB/s
+  // against 19 from L2 on Zen 4 (m1). Prefill kernels decode the strip once into the scratch
+  // (fp8_pair_repack) and run the bf16 pair microkernel over it, block after block.
   // Registers: luts zmm16-19, gather indices 20-21, 0x80 bytes 22, temporaries 23-27 and 30.
   void fp8_pair_constants() {
     vmovdqu8(Zmm(16), zword[rip + c_fp8_lut_[0]]);
@@ -769,9 +798,10 @@ class GemmGenerator : public JitGenerator {
     for (int j = 0; j < (nv_ + 1) / 2; ++j) vmovdqu8(Zmm(20 + j), zword[rip + c_fp8_idx_[j]]);
     vpbroadcastd(Zmm(22), dword[rip + c_80_]);
   }
-  void microkernel_fp8_pairs(int u) {
-    const RegExp wm = reg_w + u * step_bytes();
-    const int bytes = step_bytes();  // two strip rows: 32, 64, 96 or 128
+  // Decodes the k pair at `wm`; `use(v, w)` gets vector v's 16 bf16 pairs in zmm w.
+  template <class Use>
+  void fp8_pair_decode(const RegExp& wm, Use use) {
+    const int bytes = 2 * strip_cols();  // two strip rows: 32, 64, 96 or 128
     if (bytes >= 64)
       vmovdqu8(Zmm(23), zword[wm]);
     else
@@ -794,9 +824,29 @@ class GemmGenerator : public JitGenerator {
           vpunpcklbw(w, lo, hi);
         else
           vpunpckhbw(w, lo, hi);
-        for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, 2 * j + h), w, ptr_b[a_row(m) + 4 * u]);
+        use(2 * j + h, w);
       }
     }
+  }
+  void microkernel_fp8_pairs(int u) {
+    fp8_pair_decode(reg_w + u * step_bytes(), [&](int v, const Zmm& w) {
+      for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
+    });
+  }
+  // Prefill: the strip at reg_tmp2 (reg_tmp k pairs, >= 1) as bf16 pairs into the scratch at
+  // reg_pf, [k/2][vector][16 pairs] like the bf16 repack (emit_bf16_pair_repack).
+  void fp8_pair_repack() {
+    Label loop, done;
+    fp8_pair_constants();
+    test(reg_tmp, reg_tmp);
+    jz(done, T_NEAR);
+    L(loop);
+    fp8_pair_decode(reg_tmp2, [&](int v, const Zmm& w) { vmovups(zword[reg_pf + v * 64], w); });
+    add(reg_tmp2, step_bytes());
+    add(reg_pf, nv_ * 64);
+    dec(reg_tmp);
+    jnz(loop, T_NEAR);
+    L(done);
   }
 
   // mx: groups of g_steps (32) K steps; each group starts with the strip's exponent bytes (one

@@ -783,8 +783,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         peak_name, peak_key = "tdpbusd", "peak_amx_int8_gops"
     elif isa == "amx" and args.method in AMX_BF16_METHODS and lim.get("peak_amx_bf16_gflops"):
         peak_name, peak_key = "tdpbf16ps", "peak_amx_bf16_gflops"
-    # At avx512_bf16, BF16 experts with >= 12 rows run vdpbf16ps pair kernels: that is their roof.
-    elif isa == "avx512_bf16" and args.method == "BF16" and lim.get("peak_bf16_gflops"):
+    # At avx512_bf16, BF16 and FP8 experts with >= 12 rows run vdpbf16ps pair kernels (FP8 also at
+    # amx, and its decode tiles of <= 4 rows): that is their roof.
+    elif (
+        (isa == "avx512_bf16" and args.method == "BF16")
+        or (isa in ("avx512_bf16", "amx") and args.method in ("FP8", "FP8_PERCHANNEL"))
+    ) and lim.get("peak_bf16_gflops"):
         peak_name, peak_key = "vdpbf16ps", "peak_bf16_gflops"
     peak_core = float(lim.get(peak_key, 0.0))
     peak = peak_core * threads

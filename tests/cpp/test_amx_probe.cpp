@@ -20,7 +20,7 @@ X86CpuidFacts spr_facts() {
              (1u << 29);  // fma sse4.2 osxsave avx f16c
   x.l7_eax = 1;
   x.l7_ebx = (1u << 5) | (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);  // avx2 f dq bw vl
-  x.l7_ecx = (1u << 11);                                                     // vnni
+  x.l7_ecx = (1u << 1) | (1u << 11);                                         // vbmi vnni
   x.l7_edx = (1u << 22) | (1u << 24) | (1u << 25);                           // amx bf16/tile/int8
   x.l71_eax = 1u << 5;                                                       // avx512_bf16
   x.xcr0_valid = true;

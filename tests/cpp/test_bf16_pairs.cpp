@@ -175,6 +175,52 @@ TEST(Bf16Pairs, KeysAreRefusedOffTheirLevelAndKind) {
   EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument);  // unknown bit
 }
 
+TEST(Bf16Pairs, Fp8PairKeysAreRefusedOffTheirLevelAndShape) {
+  KernelKey k;
+  k.kind = KernelKind::gemm_decode;
+  k.isa = IsaLevel::avx512_bf16;
+  k.format = WeightFormat::fp8;
+  k.m_r = 4;
+  k.n_vec = 3;
+  k.variant = kBf16Pairs;
+  EXPECT_NE(KernelCache::generate_only(k)->name.find("_dpbf16"), std::string::npos);
+  k.m_r = 5;  // decode pair tiles stop at 4 rows (the group sums take the registers)
+  EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument);
+  k.kind = KernelKind::gemm_prefill;
+  k.m_r = 6;
+  EXPECT_TRUE(scratch_pair_kernel(k));
+  EXPECT_NE(KernelCache::generate_only(k)->name.find("_dpbf16"), std::string::npos);
+  k.isa = IsaLevel::avx512_vnni;  // no vdpbf16ps or vpermi2b there
+  EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument);
+  k.isa = IsaLevel::avx512_bf16;
+  k.variant = 2;
+  EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument);  // unknown bit
+}
+
+TEST(Bf16Pairs, Fp8AtAvx512Bf16PairsWhenKSplitsIntoPairs) {
+  for (IsaLevel isa : {IsaLevel::avx512_bf16, IsaLevel::amx}) {
+    const GemmKernelSet ks = make_gemm_kernel_set(isa, WeightFormat::fp8, Epilogue::siluup, 2, 0,
+                                                  /*k_pairs=*/true);
+    EXPECT_EQ(ks.tile_rows, 6) << isa_name(isa);
+    EXPECT_EQ(ks.tile_min_rows, 12);
+    EXPECT_TRUE(scratch_pair_kernel(ks.tile_full));
+    EXPECT_FALSE(fp8_pair_kernel(ks.prefill_full));  // fp32 kernels for short experts' blocks
+    for (int m = 1; m <= ks.max_rows; ++m) {
+      EXPECT_EQ(fp8_pair_kernel(ks.decode_full[size_t(m - 1)]), m <= 4) << m;
+      EXPECT_EQ(fp8_pair_kernel(ks.decode_tail[size_t(m - 1)]), m <= 4) << m;
+    }
+  }
+  // An odd K (or scale group) keeps every fp8 kernel on fp32 activations; so do lower levels.
+  const GemmKernelSet odd =
+      make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::fp8, Epilogue::accum, 0, 0, false);
+  EXPECT_EQ(odd.tile_rows, 0);
+  for (const KernelKey& k : odd.keys()) EXPECT_FALSE(fp8_pair_kernel(k)) << k.name();
+  for (const KernelKey& k :
+       make_gemm_kernel_set(IsaLevel::avx512_vnni, WeightFormat::fp8, Epilogue::accum, 0, 0, true)
+           .keys())
+    EXPECT_FALSE(fp8_pair_kernel(k)) << k.name();
+}
+
 TEST(Bf16Pairs, OnlyBf16AtAvx512Bf16GetsThePairTier) {
   const GemmKernelSet ks =
       make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::bf16, Epilogue::siluup, 2);

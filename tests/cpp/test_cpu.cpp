@@ -63,7 +63,7 @@ TEST(Cpu, AmxNeedsCpuidXcr0AndPermission) {
   CpuFeatures f;  // a CPU with everything up to avx512_bf16 and AMX in CPUID
   f.avx2 = f.fma = f.f16c = f.os_avx = true;
   f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.os_avx512 = true;
-  f.avx512_vnni = f.avx512_bf16 = true;
+  f.avx512_vnni = f.avx512_bf16 = f.avx512_vbmi = true;
   f.amx_tile = f.amx_int8 = f.amx_bf16 = true;
   f.os_amx = true;
   f.amx_permission = false;
@@ -76,6 +76,20 @@ TEST(Cpu, AmxNeedsCpuidXcr0AndPermission) {
   auto missing = missing_for(IsaLevel::amx, f);
   ASSERT_FALSE(missing.empty());
   EXPECT_NE(missing[0].find("XCR0"), std::string::npos);
+}
+
+TEST(Cpu, Avx512Bf16LevelNeedsVbmi) {
+  CpuFeatures f;  // Cooper Lake: AVX512-BF16 without VBMI (the level's FP8 decode uses vpermi2b)
+  f.avx2 = f.fma = f.f16c = f.os_avx = true;
+  f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.os_avx512 = true;
+  f.avx512_vnni = f.avx512_bf16 = true;
+  EXPECT_TRUE(level_usable(IsaLevel::avx512_vnni, f));
+  EXPECT_FALSE(level_usable(IsaLevel::avx512_bf16, f));
+  auto missing = missing_for(IsaLevel::avx512_bf16, f);
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_NE(missing[0].find("vbmi"), std::string::npos);
+  f.avx512_vbmi = true;
+  EXPECT_TRUE(level_usable(IsaLevel::avx512_bf16, f));
 }
 
 TEST(Cpu, AvxStateDisabledByOsRefusesAvx2) {

@@ -21,10 +21,11 @@ struct Problem {
   Epilogue epi;
   int64_t M, N, K;
   uint32_t seed;
-  // fp8 decode of 1-4 rows at avx512_bf16 runs the kBf16Pairs kernels (bf16 activations), as the
-  // executor picks them when K is even (jit/gemm.hpp fp8_pair_kernel).
+  // fp8 at avx512_bf16 with K even runs the kBf16Pairs kernels (bf16 activations) as the executor
+  // does (jit/gemm.hpp fp8_pair_kernel): prefill blocks of 6 rows and a decode remainder of 1-4
+  // rows (the executor pads the rows to whole blocks; a remainder of 5 would be fp32 here).
   bool fp8_pairs() const {
-    return isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::fp8 && M <= 4 && K % 2 == 0;
+    return isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::fp8 && M % 6 <= 4 && K % 2 == 0;
   }
   std::string repro() const {
     std::ostringstream s;
@@ -134,6 +135,11 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi, p.fmt);
     if (p.fp8_pairs()) key.variant = kBf16Pairs;
     GemmArgs args{};
+    std::vector<uint8_t> scratch;  // the strip as k pairs (scratch_pair_kernel)
+    if (scratch_pair_kernel(key)) {
+      scratch.resize(size_t(l.k4 * 32 * kStripVecs));
+      args.scratch = scratch.data();
+    }
     args.a = a.data() + row0 * lda;
     args.lda = lda;
     args.w = pk.w.data() + l.strip_offset(s0);
