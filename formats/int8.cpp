@@ -66,7 +66,10 @@ StripLayout StripLayout::make(int64_t n, int64_t k, int lanes, int strip_vecs, i
   l.k = k;
   l.bits = bits;
   l.kgroup = kgroup ? kgroup : bits == 16 ? 1 : 4;
-  l.k4 = l.kgroup == 1 ? k : bits == 4 ? (k + 7) / 8 * 2 : (k + 3) / 4;
+  l.k4 = l.kgroup == 1   ? k
+         : l.kgroup == 2 ? (k + 1) / 2
+         : bits == 4     ? (k + 7) / 8 * 2
+                         : (k + 3) / 4;
   l.g_steps = g_steps;
   l.lanes = lanes;
   l.strip_vecs = strip_vecs;
@@ -107,8 +110,8 @@ void packed_column_of(const StripLayout& l, int src, int64_t r, int64_t* strip, 
 
 void unpack_rows(const StripLayout& l, const void* packed, int src, int64_t r0, int64_t r1,
                  int64_t k0, int64_t k1, void* out, int64_t ld) {
-  if (l.kgroup != 1 || (l.bits != 8 && l.bits != 16))
-    throw std::invalid_argument("unpack_rows: only one-element-per-step layouts (bf16, fp8)");
+  if (!(l.kgroup == 1 && (l.bits == 8 || l.bits == 16)) && !(l.kgroup == 2 && l.bits == 16))
+    throw std::invalid_argument("unpack_rows: only bf16 and fp8 layouts");
   if (r0 < 0 || r1 > l.n || k0 < 0 || k1 > l.k || r0 > r1 || k0 > k1)
     throw std::invalid_argument("unpack_rows: range outside the matrix");
   const size_t es = size_t(l.bits / 8);
@@ -118,8 +121,9 @@ void unpack_rows(const StripLayout& l, const void* packed, int src, int64_t r0, 
     packed_column_of(l, src, r, &strip, &col, &cols);
     const char* base = static_cast<const char*>(packed) + l.strip_offset(strip);
     char* dst = static_cast<char*>(out) + size_t((r - r0) * ld) * es;
-    for (int64_t kk = k0; kk < k1; ++kk)
-      std::memcpy(dst + size_t(kk - k0) * es, base + size_t(kk * cols + col) * es, es);
+    for (int64_t kk = k0; kk < k1; ++kk)  // [k / kgroup][column][kgroup]
+      std::memcpy(dst + size_t(kk - k0) * es,
+                  base + size_t((kk / l.kgroup * cols + col) * l.kgroup + kk % l.kgroup) * es, es);
   }
 }
 
@@ -196,8 +200,9 @@ void pack_bf16_strips(const StripLayout& l, const float* const* w, uint16_t* out
       int64_t row;
       packed_column_source(l, c, &src, &row);
       if (row >= 0)
-        for (int64_t kk = 0; kk < l.k; ++kk)
-          base[kk * cols + j] = f32_to_bf16(w[src][row * l.k + kk]);
+        for (int64_t kk = 0; kk < l.k; ++kk)  // [k / kgroup][column][kgroup]
+          base[(kk / l.kgroup * cols + j) * l.kgroup + kk % l.kgroup] =
+              f32_to_bf16(w[src][row * l.k + kk]);
       scale[c] = 1.0f;
       comp[c] = 0;
     }

@@ -81,8 +81,8 @@ struct GemmArgs {
   // mxfp4 / mxfp8 siluup kernels with kSwigluClamp / kSwigluAlpha: L and alpha (SPEC §4).
   float swiglu_limit;
   float swiglu_alpha;
-  // scratch_pair_kernel only (AMX-BF16, kBf16Pairs): per-thread scratch of k4 * 32 * n_vec bytes,
-  // where the kernel lays out each strip as k pairs ([k/2][column][2]) once and reuses it for
+  // scratch_pair_kernel only (fp8 pair prefill): per-thread scratch of k4 * 32 * n_vec bytes,
+  // where the kernel decodes each strip to bf16 k pairs ([k/2][column][2]) once and reuses it for
   // every M block.
   void* scratch;
 };
@@ -148,10 +148,14 @@ inline bool bf16_pair_kernel(const KernelKey& key) {
 inline bool fp8_pair_kernel(const KernelKey& key) {
   return key.format == WeightFormat::fp8 && (key.variant & kBf16Pairs);
 }
-// Kernels that take bf16 activations in blocks of m_r rows and a per-thread scratch of
-// k4 * 32 * n_vec bytes for the strip as k pairs: bf16 pair kernels and fp8 pair prefill.
+// fp8 pair prefill kernels: they need GemmArgs::scratch for the strip decoded to bf16 pairs.
 inline bool scratch_pair_kernel(const KernelKey& key) {
-  return bf16_pair_kernel(key) || (fp8_pair_kernel(key) && key.kind == KernelKind::gemm_prefill);
+  return fp8_pair_kernel(key) && key.kind == KernelKind::gemm_prefill;
+}
+// Prefill kernels that take bf16 activation rows in whole blocks of m_r rows (the executor pads
+// the last block): bf16 pair kernels and fp8 pair prefill.
+inline bool block_pair_kernel(const KernelKey& key) {
+  return bf16_pair_kernel(key) || scratch_pair_kernel(key);
 }
 // One fp32 lane of vdpbf16ps (the SDM's pseudo-code; Zen 4 measured equal): the odd products
 // first, then the even, each one fp32 rounding (a bf16 product is exact in fp32), with bf16 and
@@ -189,6 +193,13 @@ inline float fp8_value(uint8_t b) {
     __builtin_memcpy(&f, &bits, 4);
   }
   return (b & 0x80) ? -f : f;
+}
+
+// bf16 strips on the x86 levels hold k pairs, [k/2][column][2] (StripLayout kgroup 2: a vector of
+// 16 columns x 2 k is one 64-byte load, vdpbf16ps's and tdpbf16ps's B operand as it is, and two
+// fp32 vectors by one shift and one and); the reference level and NEON keep [k][column].
+inline int bf16_kgroup(IsaLevel isa) {
+  return isa != IsaLevel::ref && !isa_is_neon(isa) ? 2 : 1;
 }
 
 // Output columns written per strip of `n_vec` vectors.

@@ -267,6 +267,11 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const int rows = key.m_r;
   const int32_t offset = int8_activation_offset(key.isa) ? 128 : 0;
   const bool gacc = decode_group_accumulate(key);
+  // bf16: args.k4 steps of kg k each ([k / kg][column][kg], jit/gemm.hpp bf16_kgroup); the padded
+  // last k of an odd K has weight 0 and activation 0, which the kernels add and so does this.
+  const int kg = bf16 ? bf16_kgroup(key.isa) : 1;
+  const int64_t bf16_k = args.k4 * kg;
+  auto wi = [&](int64_t k, int n) { return (k / kg * cols + n) * kg + k % kg; };
   const int8_t* w = args.w;
   for (int64_t s = 0; s < args.n_strips; ++s) {
     const float* wscale = args.w_scale + s * cols;
@@ -281,14 +286,14 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           // as the SDM's pseudo-code (and the tile model) computes each element.
           const uint16_t* a16 = reinterpret_cast<const uint16_t*>(a);
           const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
-          const int64_t pairs = args.k4 / 2;
+          const int64_t pairs = bf16_k / 2;
           float acc = 0.0f;
           for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
             const int kk = int(std::min<int64_t>(16, pairs - p0));
             uint16_t b[32];
             for (int i = 0; i < kk; ++i) {
-              b[2 * i] = wb[(2 * (p0 + i)) * cols + n];
-              b[2 * i + 1] = wb[(2 * (p0 + i) + 1) * cols + n];
+              b[2 * i] = wb[wi(2 * (p0 + i), n)];
+              b[2 * i + 1] = wb[wi(2 * (p0 + i) + 1, n)];
             }
             acc = amx::tdpbf16ps_element(acc, a16 + 2 * p0, b, 2, kk);
           }
@@ -299,9 +304,8 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);
           const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
           float acc = 0.0f;
-          for (int64_t p = 0; p < args.k4 / 2; ++p) {
-            const uint32_t b = uint32_t(wb[2 * p * cols + n]) | uint32_t(wb[(2 * p + 1) * cols + n])
-                                                                    << 16;
+          for (int64_t p = 0; p < bf16_k / 2; ++p) {
+            const uint32_t b = uint32_t(wb[wi(2 * p, n)]) | uint32_t(wb[wi(2 * p + 1, n)]) << 16;
             acc = vdpbf16ps_lane(acc, a32[p], b);
           }
           y[n] = acc;
@@ -310,8 +314,8 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           const float* af = reinterpret_cast<const float*>(a);
           const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
           float acc = 0.0f;
-          for (int64_t k = 0; k < args.k4; ++k) {
-            const uint32_t bits = uint32_t(wb[k * cols + n]) << 16;
+          for (int64_t k = 0; k < bf16_k; ++k) {
+            const uint32_t bits = uint32_t(wb[wi(k, n)]) << 16;
             float wf;
             std::memcpy(&wf, &bits, 4);
             acc = std::fma(af[k], wf, acc);
@@ -376,7 +380,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
         write_out(key, args, m, col0, y, cols);
       }
     }
-    w += args.k4 * cols * (fp8 ? 1 : bf16 ? 2 : int4 ? 2 : 4);
+    w += args.k4 * cols * (fp8 ? 1 : bf16 ? 2 * kg : int4 ? 2 : 4);
   }
 }
 

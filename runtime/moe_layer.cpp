@@ -230,8 +230,9 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
                                            fp8_block_ ? 128 : is);
       sh.expert_gscale = sh.gu.gscale_floats() + sh.down.gscale_floats();
     } else {
-      sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, bits);
-      sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, bits);
+      const int kg = bits == 16 ? bf16_kgroup(isa_) : 0;  // x86 bf16: k pairs
+      sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, bits, kg);
+      sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, bits, kg);
     }
     sh.expert_bytes = sh.gu.total_bytes() + sh.down.total_bytes();
     sh.expert_cols = sh.gu.total_cols() + sh.down.total_cols();
@@ -723,9 +724,10 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       }
     gsum = gs.data();
   }
-  // bf16 pair tier (AMX-BF16 at isa amx, vdpbf16ps at avx512_bf16; >= tile_min_rows rows, K
-  // even): the kernels take bf16 activations, rounded here (RNE) once per call, and a per-thread
-  // scratch for the strip's k-pair layout. All rows go there: the last block is padded with zero
+  // pair tier (bf16: AMX-BF16 at isa amx, vdpbf16ps at avx512_bf16; fp8: vdpbf16ps at
+  // avx512_bf16 and amx; >= tile_min_rows rows, K even): the kernels take bf16 activations,
+  // rounded here (RNE) once per call, and fp8 a per-thread scratch for the strip decoded to bf16
+  // pairs (bf16 strips are k pairs already). All rows go there: the last block is padded with zero
   // rows whose outputs land in a per-thread dummy row (routing weight 0), which costs less than
   // streaming the strip through the fp32 kernels again for the remainder.
   const bool bf16_pairs = ks.tile_rows &&
@@ -741,7 +743,7 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     a16.assign(size_t(pair_rows * K), 0);
     for (int64_t r = 0; r < rows; ++r)
       formats::f32_to_bf16_row(reinterpret_cast<const float*>(a + r * lda), K, &a16[size_t(r * K)]);
-    pair_scratch.resize(size_t(layout.k4 * 32 * kStripVecs));
+    if (format_ == WeightFormat::fp8) pair_scratch.resize(size_t(layout.k4 * 32 * kStripVecs));
     // The dummy row is as wide as the widest column this call writes.
     pair_dummy.resize(size_t(out_col0 + (layout.full_strips + 1) * out_full));
     pair_out.assign(out_rows, out_rows + rows);
@@ -757,16 +759,15 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     args.a = a + row0 * lda;
     args.lda = lda;
     args.scratch = nullptr;
-    if (scratch_pair_kernel(key)) {
+    if (block_pair_kernel(key)) {
       args.a = reinterpret_cast<const int8_t*>(a16.data() + row0 * layout.k);
       args.lda = layout.k * 2;
-      args.scratch = pair_scratch.data();
+      if (scratch_pair_kernel(key)) args.scratch = pair_scratch.data();
     }
-    float* const* rows_out = scratch_pair_kernel(key) ? pair_out.data() : out_rows;
-    const float* rows_weight = scratch_pair_kernel(key) ? pair_weight.data() : row_weight;
-    if (fp8_pair_kernel(key) &&
-        !scratch_pair_kernel(
-            key)) {  // the rows as bf16 (RNE), once per run_gemm like the int16 codes
+    float* const* rows_out = block_pair_kernel(key) ? pair_out.data() : out_rows;
+    const float* rows_weight = block_pair_kernel(key) ? pair_weight.data() : row_weight;
+    if (fp8_pair_kernel(key) && !block_pair_kernel(key)) {
+      // fp8 pair decode: the rows as bf16 (RNE), once per run_gemm like the int16 codes.
       static thread_local std::vector<uint16_t> a_bf16;
       if (bf16_row0 != row0) {
         a_bf16.resize(size_t(layout.k * key.m_r));

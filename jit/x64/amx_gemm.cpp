@@ -12,11 +12,11 @@
 // VNNI levels, and the epilogue subtracts w_comp = 128 * sum(w), so the int32 result is exact.
 //
 // AMX-BF16 (WeightFormat::bf16, TDPBF16PS): the same nest over k pairs. Activations arrive as
-// bf16 rows (the caller rounds them, RNE); the strip's [k][column] bf16 layout is not a B tile,
-// so at each strip the kernel first writes it to args.scratch as [k/2][column][2] (k pairs
-// interleaved: 64 bytes per pair and vector, zero-extend + shift + or), then every M block
-// loads its B tiles from there (K even; blocks of 16 pairs, then a tail of (K/2) % 16 pairs).
-// The fp32 C tiles are the results: no scales, the epilogue as the bf16 FMA kernels'.
+// bf16 rows (the caller rounds them, RNE); x86 bf16 strips are k pairs, [k/2][column][2]
+// (jit/gemm.hpp bf16_kgroup), 64 bytes per pair and vector: exactly a B tile, like the int8
+// [k4][column][4], so k4 counts pairs and the nest is the int8 one (K even; blocks of 16 pairs,
+// then a tail of k4 % 16 pairs). The fp32 C tiles are the results: no scales, the epilogue as the
+// bf16 FMA kernels'.
 #include "jit/x64/amx_gemm.hpp"
 
 #include <cstddef>
@@ -126,17 +126,6 @@ class AmxGemmGenerator : public JitGenerator {
     tdpbusd(Tmm(c), Tmm(a), Tmm(b));
     record(amx::Op::tdpbusd, s, c, a, b);
   }
-  // Bytes of one K step of the packed strip: int8, 4 k per column (4 bytes); bf16, 1 k (2 bytes).
-  int strip_step_bytes() const { return bf16_ ? strip_cols() * 2 : row_bytes(); }
-  // bf16: the strip at reg_strip as B tiles at args.scratch, pair p of vector v at
-  // p * row_bytes() + v * 64: dword c = w[2p][c] | w[2p + 1][c] << 16.
-  void repack_strip() {
-    mov(rcx, arg(offsetof(GemmArgs, scratch)));
-    mov(rdx, reg_strip);
-    mov(rax, arg(offsetof(GemmArgs, k4)));
-    shr(rax, 1);
-    emit_bf16_pair_repack(rcx, rdx, rax, nv_, strip_step_bytes(), zmm0, zmm1);
-  }
 
   // ---- loop nest ---------------------------------------------------------------------------
   void generate() {
@@ -158,7 +147,6 @@ class AmxGemmGenerator : public JitGenerator {
     L(strip_loop);
     {
       mov(reg_strip, reg_w);
-      if (bf16_) repack_strip();
       Label mb_loop, mb_done;
       xor_(reg_row.cvt32(), reg_row.cvt32());
       mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
@@ -173,7 +161,7 @@ class AmxGemmGenerator : public JitGenerator {
       }
       L(mb_done);
       mov(rax, arg(offsetof(GemmArgs, k4)));
-      imul(rax, rax, strip_step_bytes());
+      imul(rax, rax, row_bytes());
       lea(reg_w, ptr[reg_strip + rax]);  // next strip
       add(reg_wscale, strip_cols() * 4);
       add(reg_comp, strip_cols() * 4);
@@ -194,7 +182,6 @@ class AmxGemmGenerator : public JitGenerator {
     vmovups(zword[rsp + kCfgOff], zmm0);
     Label no_tail;
     mov(rax, arg(offsetof(GemmArgs, k4)));
-    if (bf16_) shr(eax, 1);  // k pairs
     and_(eax, 15);
     jz(no_tail, T_NEAR);
     mov(byte[rsp + kCfgOff + 48 + kTileATail], mr_);
@@ -212,14 +199,11 @@ class AmxGemmGenerator : public JitGenerator {
     mov(reg_a, reg_row);
     imul(reg_a, reg_lda);
     add(reg_a, arg(offsetof(GemmArgs, a)));
-    if (bf16_)
-      mov(reg_w, arg(offsetof(GemmArgs, scratch)));
-    else
-      mov(reg_w, reg_strip);
+    mov(reg_w, reg_strip);
     for (int v = 0; v < nv_; ++v) t_zero(kTileC + v);
     Label kb_loop, kb_done, no_tail;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
-    shr(reg_k, bf16_ ? 5 : 4);  // blocks of 16 k4 steps / 16 k pairs
+    shr(reg_k, 4);  // blocks of 16 k4 steps (bf16: 16 k pairs)
     jz(kb_done, T_NEAR);
     L(kb_loop);
     {
@@ -234,7 +218,7 @@ class AmxGemmGenerator : public JitGenerator {
       jnz(kb_loop, T_NEAR);
     }
     L(kb_done);
-    test(byte[reg_args + offsetof(GemmArgs, k4)], bf16_ ? 31 : 15);
+    test(byte[reg_args + offsetof(GemmArgs, k4)], 15);
     jz(no_tail, T_NEAR);
     t_load(kTileATail, reg_a, reg_lda, 0);
     for (int v = 0; v < nv_; ++v) {

@@ -114,12 +114,12 @@ class GemmGenerator : public JitGenerator {
   int strip_cols() const { return nv_ * lanes_; }
   int strip_k4_bytes() const { return strip_cols() * 4; }
   // Weight bytes per K step: 4-bit strips hold two steps per strip_k4_bytes() block.
-  // bf16 strips hold one K element per step, 2 bytes per column. fp8 pair kernels step by k pairs.
+  // bf16 strips hold a k pair per step, 4 bytes per column. fp8 pair kernels step by k pairs.
   int step_bytes() const {
     return fp8p_          ? 2 * strip_cols()
            : fp8_ || mx8_ ? strip_cols()
            : mx4_         ? strip_cols() / 2
-           : bf16_        ? strip_cols() * 2
+           : bf16_        ? strip_cols() * 4  // a k pair (bf16_kgroup 2)
            : nib_         ? strip_k4_bytes() / 2
                           : strip_k4_bytes();
   }
@@ -200,15 +200,12 @@ class GemmGenerator : public JitGenerator {
     L(strip_loop);
     {
       mov(reg_strip, reg_w);
-      if (scratch_pairs()) {  // the strip as k pairs into the scratch, read by every M block
+      if (scratch_pairs()) {  // fp8: the strip as bf16 k pairs into the scratch, for every block
         mov(reg_pf, arg(offsetof(GemmArgs, scratch)));
         mov(reg_tmp2, reg_strip);
         mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
         shr(reg_tmp, 1);
-        if (fp8p_)
-          fp8_pair_repack();
-        else
-          emit_bf16_pair_repack(reg_pf, reg_tmp2, reg_tmp, nv_, step_bytes(), zmm30, zmm31);
+        fp8_pair_repack();
       }
       if (prefill_) {
         Label mb_loop, mb_done;
@@ -291,6 +288,7 @@ class GemmGenerator : public JitGenerator {
     }
     if (qg_) load_params_qgroup();
     if (fp8p_ && !prefill_) fp8_pair_constants();
+    if (bf16_ && !pairs_ && zmm_isa()) vmovups(Zmm(29), zword[rip + c_hi16_]);  // odd-k mask
     if (i16_)
       vmovups(Zmm(29), zword[rip + c_e2m1_w_]);  // 2 * e2m1 as int16, twice
     else if (mx4_ && zmm_isa() && mr_ < 6)
@@ -555,7 +553,7 @@ class GemmGenerator : public JitGenerator {
       k_loop_mx(prefetch_next);
       return;
     }
-    // K steps (bf16 pair kernels: k pairs) unrolled by kUnroll, then one by one.
+    // K steps (bf16: k pairs) unrolled by kUnroll, then one by one.
     auto step = [&](int u) {
       if (pairs_)
         microkernel_pairs(u, prefetch_next);
@@ -570,7 +568,6 @@ class GemmGenerator : public JitGenerator {
     };
     Label loop, tail, tail_loop, done;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
-    if (pairs_) shr(reg_k, 1);
     cmp(reg_k, kUnroll);
     jl(tail, T_NEAR);
     L(loop);
@@ -596,7 +593,8 @@ class GemmGenerator : public JitGenerator {
     L(done);
   }
 
-  // bf16 pairs (vdpbf16ps): reg_w walks the scratch ([k/2][column][2], nv_ * 64 bytes a pair),
+  // bf16 pairs (vdpbf16ps): reg_w walks the strip ([k/2][column][2], nv_ * 64 bytes a pair; fp8
+  // pair prefill: the scratch it decoded the strip into),
   // reg_a / reg_a3 the bf16 activation rows (4 bytes a pair). Per pair: the strip's vectors into
   // wreg, then one vdpbf16ps per (row, vector) with the row's pair broadcast from memory. While
   // prefetching, each pair step pulls two lines of the next strip (a full strip holds 4 lines a
@@ -632,9 +630,10 @@ class GemmGenerator : public JitGenerator {
     add(reg_w, bytes);
   }
   void advance(int steps, bool prefetch_next) {
+    const int a_bytes = bf16_ ? 8 : 4;  // bf16 FMA kernels: two fp32 activations a step
     if (prefetch_next) add(reg_pf, 64 * ((steps + 1) / 2));
-    add(reg_a, 4 * steps);
-    if (mr_ > 3) add(reg_a3, 4 * steps);
+    add(reg_a, a_bytes * steps);
+    if (mr_ > 3) add(reg_a3, a_bytes * steps);
     advance_w(step_bytes() * steps);
   }
 
@@ -679,16 +678,34 @@ class GemmGenerator : public JitGenerator {
     }
   }
 
-  // bf16: acc += a[m][k] * float(w[k][n]); bf16 -> fp32 is a zero-extend and a 16-bit shift.
+  // bf16: acc += a[m][k] * float(w[k][n]), k in order. A step is a k pair: each dword of the
+  // strip holds (w[2s][n], w[2s+1][n]), so the even weight as fp32 is the dword << 16 and the odd
+  // one the dword & 0xffff0000. zmm: both straight from memory, FMAs with the row's activation
+  // broadcast from memory ({1to16}); ymm (16 registers): the even pass then the odd pass, each
+  // with the rows' activations broadcast into row_bcast.
   void microkernel_bf16(int u) {
-    for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 4 * u]);
-    const int half_vec = vec_bytes() / 2;
-    for (int v = 0; v < nv_; ++v) {
-      const Xmm t = bf16_tmp(v);
-      const RegExp wm = reg_w + u * step_bytes() + v * half_vec;
-      vpmovzxwd(t, zmm_isa() ? Address(yword[wm]) : Address(xword[wm]));
-      vpslld(t, t, 16);
-      for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), t, row_bcast(m));
+    const RegExp w0 = reg_w + u * step_bytes();
+    if (zmm_isa()) {
+      const Zmm even(30), odd(31), mask(29);
+      for (int v = 0; v < nv_; ++v) {
+        vpslld(even, zword[w0 + v * 64], 16);
+        vpandd(odd, mask, zword[w0 + v * 64]);
+        for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), even, ptr_b[a_row(m) + 8 * u]);
+        for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), odd, ptr_b[a_row(m) + 8 * u + 4]);
+      }
+      return;
+    }
+    const Ymm t = Ymm(15);
+    for (int half = 0; half < 2; ++half) {
+      for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 8 * u + 4 * half]);
+      for (int v = 0; v < nv_; ++v) {
+        vmovdqu(t, yword[w0 + v * 32]);
+        if (half == 0)
+          vpslld(t, t, 16);
+        else
+          vpand(t, t, yword[rip + c_hi16_]);
+        for (int m = 0; m < mr_; ++m) vfmadd231ps(acc(m, v), t, row_bcast(m));
+      }
     }
   }
 
@@ -703,9 +720,9 @@ class GemmGenerator : public JitGenerator {
   static constexpr int kFp8AccStack = kFp8ScaleStack + 2 * 64;
   static constexpr int kFp8PairMaxRows = 4;
   bool fp8_stack_acc() const { return fp8p_ && mr_ > 2; }
-  // Kernels whose K loop reads the strip re-laid as k pairs in GemmArgs::scratch: bf16 pair
-  // kernels and fp8 pair prefill.
-  bool scratch_pairs() const { return pairs_ || (fp8p_ && prefill_); }
+  // fp8 pair prefill reads the strip decoded to bf16 k pairs in GemmArgs::scratch (bf16 strips
+  // are k pairs already: the bf16 pair kernels read them in place).
+  bool scratch_pairs() const { return fp8p_ && prefill_; }
   int fp8_acc_slot(int m, int v) const { return kFp8AccStack + (m * nv_ + v) * 64; }
   // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there), others on the stack.
   bool fp8_scale_regs() const { return zmm_isa() && mr_ <= 4; }
@@ -834,7 +851,7 @@ class GemmGenerator : public JitGenerator {
     });
   }
   // Prefill: the strip at reg_tmp2 (reg_tmp k pairs, >= 1) as bf16 pairs into the scratch at
-  // reg_pf, [k/2][vector][16 pairs] like the bf16 repack (emit_bf16_pair_repack).
+  // reg_pf, [k/2][vector][16 pairs]: the layout of x86 bf16 strips.
   void fp8_pair_repack() {
     Label loop, done;
     fp8_pair_constants();
@@ -1198,6 +1215,7 @@ class GemmGenerator : public JitGenerator {
     emit_const32(c_zero_, 0u);
     emit_const32(c_f0_, 0xf0f0f0f0u);
     emit_const32(c_80_, 0x80808080u);
+    emit_const32(c_hi16_, 0xffff0000u);
     emit_const32(c_0f_, 0x0f0f0f0fu);
     emit_const32(c_sign_, 0x80000000u);
     emit_const32(c_max_, f32_bits(88.0f));
@@ -1255,7 +1273,7 @@ class GemmGenerator : public JitGenerator {
     for (int m = 0; m < mr_; ++m)
       for (int v = 0; v < nv_; ++v) vpxord(gacc(m, v), gacc(m, v), gacc(m, v));
   }
-  Label c_0f_, c_e2m1_, c_e2m1_w_, c_f16_mask_, c_80_, c_fp8_lut_[2], c_fp8_idx_[2];
+  Label c_0f_, c_e2m1_, c_e2m1_w_, c_f16_mask_, c_80_, c_hi16_, c_fp8_lut_[2], c_fp8_idx_[2];
   Label c_ones16_, c_f256_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_,
       c_one_;
 };

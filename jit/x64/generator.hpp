@@ -45,31 +45,6 @@ class JitGenerator : public Xbyak::CodeGenerator {
     ret();
   }
 
-  // bf16 pair kernels (AMX-BF16, kBf16Pairs): rewrites `pairs` k pairs of a bf16 strip
-  // ([k][column], `step_bytes` per k, n_vec vectors of 16 columns) from `src` to `dst` as
-  // [k/2][column][2]: the dword of column c in pair p is w[2p][c] | w[2p + 1][c] << 16, 64 bytes
-  // per vector and pair. Advances src, dst and counts `pairs` down to 0; clobbers zmm t0, t1.
-  void emit_bf16_pair_repack(const Xbyak::Reg64& dst, const Xbyak::Reg64& src,
-                             const Xbyak::Reg64& pairs, int n_vec, int step_bytes,
-                             const Xbyak::Zmm& t0, const Xbyak::Zmm& t1) {
-    Xbyak::Label loop, done;
-    test(pairs, pairs);
-    jz(done, T_NEAR);
-    L(loop);
-    for (int v = 0; v < n_vec; ++v) {
-      vpmovzxwd(t0, yword[src + v * 32]);
-      vpmovzxwd(t1, yword[src + step_bytes + v * 32]);
-      vpslld(t1, t1, 16);
-      vpord(t0, t0, t1);
-      vmovups(zword[dst + v * 64], t0);
-    }
-    add(src, 2 * step_bytes);
-    add(dst, n_vec * 64);
-    dec(pairs);
-    jnz(loop, T_NEAR);
-    L(done);
-  }
-
   // A 64-byte constant: the 32-bit pattern repeated, so it serves as a full ymm or zmm operand.
   void emit_const32(Xbyak::Label& label, uint32_t bits) {
     L(label);

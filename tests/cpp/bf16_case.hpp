@@ -1,6 +1,6 @@
 // The data of one bf16-pair kernel problem (AMX-BF16 and vdpbf16ps tests): random weights packed
-// as bf16 strips, bf16 activation rows, the per-thread scratch, routing weights and a random
-// output buffer whose rows the caller scatters.
+// as x86 bf16 strips (k pairs), bf16 activation rows, routing weights and a random output buffer
+// whose rows the caller scatters.
 #pragma once
 
 #include <cmath>
@@ -22,7 +22,6 @@ struct Bf16Case {
   std::vector<int32_t> comp;
   int64_t lda = 0;          // bytes between activation rows
   std::vector<uint16_t> a;  // M rows of bf16 activations
-  std::vector<uint8_t> scratch;
   std::vector<float> ones, rw;  // a_scale (unused by bf16) and routing weights
   int64_t stride = 0;           // floats between output rows
   std::vector<float> out;       // M rows of random initial outputs
@@ -31,7 +30,7 @@ struct Bf16Case {
 inline Bf16Case make_bf16_case(Epilogue epi, int64_t M, int64_t N, int64_t K, uint32_t seed) {
   Bf16Case c;
   const int sources = epi == Epilogue::siluup ? 2 : 1;
-  c.l = formats::StripLayout::make(N, K, 16, kStripVecs, sources, 16);
+  c.l = formats::StripLayout::make(N, K, 16, kStripVecs, sources, 16, 2);  // x86: k pairs
   for (int s = 0; s < sources; ++s)
     c.wf.push_back(random_floats(size_t(N * K), seed + 10 * uint32_t(s), 0.5f));
   const float* ws[2] = {c.wf[0].data(), c.wf.back().data()};
@@ -43,7 +42,6 @@ inline Bf16Case make_bf16_case(Epilogue epi, int64_t M, int64_t N, int64_t K, ui
   c.a.resize(size_t(M * c.lda / 2));
   const std::vector<float> af = random_floats(c.a.size(), seed + 1, 2.0f);
   for (size_t i = 0; i < c.a.size(); ++i) c.a[i] = formats::f32_to_bf16(af[i]);
-  c.scratch.resize(size_t(c.l.k4 * 32 * kStripVecs));
   c.ones.assign(size_t(M), 1.0f);
   c.rw = random_floats(size_t(M), seed + 3, 1.0f);
   c.stride = c.l.total_cols() + 16;

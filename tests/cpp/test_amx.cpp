@@ -588,7 +588,7 @@ void check_problem_bf16(const Problem& p, uint64_t* traps, uint64_t* dps) {
     g.out_col = s0 * gemm_strip_out_cols(IsaLevel::amx, c.l.strip_vecs, p.epi);
     g.row_weight = c.rw.data() + row0;
     g.m_blocks = blocks;
-    g.scratch = c.scratch.data();
+    g.scratch = nullptr;  // bf16 strips are k pairs already: B tiles load them in place
     return g;
   };
   for (int part = 0; part < 2; ++part) {

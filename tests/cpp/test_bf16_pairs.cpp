@@ -105,7 +105,7 @@ std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot
     g.out_col = s0 * gemm_strip_out_cols(IsaLevel::avx512_bf16, c.l.strip_vecs, p.epi);
     g.row_weight = c.rw.data();
     g.m_blocks = p.M / m_r;
-    g.scratch = c.scratch.data();
+    g.scratch = nullptr;  // bf16 strips are k pairs already: the kernels read them in place
     if (generated) {
       const Kernel* k = KernelCache::instance().get(key);
       if (!k) {

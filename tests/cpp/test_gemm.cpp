@@ -65,7 +65,8 @@ Packed make_weights(const Problem& p) {
   pk.fp8_block = fp8 && p.seed % 2 == 0;  // alternate 128x128 block scales and row scales
   const int bits = bf16 ? 16 : int4 ? 4 : 8;
   pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources, bits,
-                                         fp8 ? 1 : 0, fp8 ? (pk.fp8_block ? 128 : p.K) : 0);
+                                         fp8 ? 1 : bf16 ? bf16_kgroup(p.isa) : 0,
+                                         fp8 ? (pk.fp8_block ? 128 : p.K) : 0);
   pk.w.resize(size_t(pk.layout.total_bytes()));
   pk.scale.resize(size_t(pk.layout.total_cols()));
   pk.comp.resize(size_t(pk.layout.total_cols()));
