@@ -14,7 +14,7 @@ if [ "${KT_JIT_SKIP_APT:-0}" != "1" ] && command -v apt-get >/dev/null 2>&1; the
     echo "== apt-get: build tools and libraries"
     $SUDO apt-get update
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libxbyak-dev libhwloc-dev libfmt-dev libgtest-dev binutils cmake g++ make pkg-config \
+        libxbyak-dev libhwloc-dev libfmt-dev libgtest-dev libzydis-dev binutils cmake g++ make pkg-config \
         qemu-user libasmjit-dev g++-aarch64-linux-gnu binutils-aarch64-linux-gnu
     # The AArch64 cross build (tests/emu/run_aarch64.sh) links Debian's arm64 asmjit.
     if [ "$(dpkg --print-architecture)" = "amd64" ]; then

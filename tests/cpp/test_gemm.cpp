@@ -10,6 +10,7 @@
 #include "formats/int8.hpp"
 #include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
+#include "kernel_exec.hpp"
 #include "test_util.hpp"
 
 namespace ktjit {
@@ -65,7 +66,9 @@ Packed make_weights(const Problem& p) {
   pk.fp8_block = fp8 && p.seed % 2 == 0;  // alternate 128x128 block scales and row scales
   const int bits = bf16 ? 16 : int4 ? 4 : 8;
   pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources, bits,
-                                         fp8 ? 1 : bf16 ? bf16_kgroup(p.isa) : 0,
+                                         fp8    ? 1
+                                         : bf16 ? bf16_kgroup(p.isa)
+                                                : 0,
                                          fp8 ? (pk.fp8_block ? 128 : p.K) : 0);
   pk.w.resize(size_t(pk.layout.total_bytes()));
   pk.scale.resize(size_t(pk.layout.total_cols()));
@@ -160,10 +163,8 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     if (use_ref) {
       gemm_ref(key, args);
     } else {
-      const Kernel* k = KernelCache::instance().get(key);
-      ASSERT_NE(k, nullptr) << key.name();
-      if (names) names->push_back(k->name);
-      reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+      const std::string name = test::run_generated(key, args);
+      if (names && !name.empty()) names->push_back(name);
     }
   };
   for (int part = 0; part < 2; ++part) {
@@ -288,7 +289,8 @@ TEST(Gemm, SweepMatchesReferenceBitwise) {
   if (test::runnable_levels().empty()) GTEST_SKIP() << "this CPU runs no generated x86 level";
   uint32_t seed = 1;
   size_t checked = 0;
-  for (IsaLevel isa : test::runnable_levels()) {
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    std::printf("gemm sweep: %s (%s)\n", isa_name(isa), test::level_how(isa));
     std::vector<std::string> names;
     for (WeightFormat fmt :
          {WeightFormat::int8, WeightFormat::int4, WeightFormat::bf16, WeightFormat::fp8})

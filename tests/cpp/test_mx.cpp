@@ -11,6 +11,7 @@
 #include "formats/mx.hpp"
 #include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
+#include "kernel_exec.hpp"
 #include "runtime/moe_layer.hpp"
 #include "test_util.hpp"
 
@@ -225,10 +226,8 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<float>& a, in
     if (use_ref) {
       gemm_ref(key, args);
     } else {
-      const Kernel* k = KernelCache::instance().get(key);
-      ASSERT_NE(k, nullptr) << key.name();
-      if (names) names->push_back(k->name);
-      reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+      const std::string name = test::run_generated(key, args);
+      if (names && !name.empty()) names->push_back(name);
     }
   };
   for (int part = 0; part < 2; ++part) {
@@ -330,7 +329,8 @@ TEST(MxGemm, SweepMatchesReferenceBitwise) {
                       {Epilogue::siluup, kSwigluClamp | kSwigluAlpha}};
   uint32_t seed = 1;
   size_t checked = 0;
-  for (IsaLevel isa : test::runnable_levels()) {
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    std::printf("mx sweep: %s (%s)\n", isa_name(isa), test::level_how(isa));
     std::vector<std::string> names;
     for (WeightFormat fmt : {WeightFormat::mxfp4, WeightFormat::mxfp8})
       for (const Epi& ep : epis)

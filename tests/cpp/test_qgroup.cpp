@@ -13,6 +13,7 @@
 #include "formats/int8.hpp"
 #include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
+#include "kernel_exec.hpp"
 #include "runtime/moe_layer.hpp"
 #include "runtime/thread_pool.hpp"
 #include "test_util.hpp"
@@ -143,10 +144,8 @@ void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<floa
     if (use_ref) {
       gemm_ref(key, args);
     } else {
-      const Kernel* k = KernelCache::instance().get(key);
-      ASSERT_NE(k, nullptr) << key.name();
-      if (names) names->push_back(k->name);
-      reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+      const std::string name = test::run_generated(key, args);
+      if (names && !name.empty()) names->push_back(name);
     }
   };
   for (int part = 0; part < 2; ++part) {
@@ -254,7 +253,8 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
   const int64_t GKs[][2] = {{16, 16}, {16, 80}, {32, 32}, {32, 160}, {128, 128}, {128, 384}};
   uint32_t seed = 1;
   size_t checked = 0;
-  for (IsaLevel isa : test::runnable_levels()) {
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    std::printf("qgroup sweep: %s (%s)\n", isa_name(isa), test::level_how(isa));
     std::vector<std::string> names;
     for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
       for (bool nib : {false, true})

@@ -1,0 +1,118 @@
+// Running generated GEMM kernels from the tests: natively on the levels this CPU executes, in the
+// x86-64 interpreter (x64_emu.hpp) on the x86 levels above them, so an AVX2-only machine still
+// checks the AVX-512 kernels against their twins bit for bit.
+//
+// KT_JIT_TEST_DUAL=1 runs every native call a second time in the interpreter and fails on any
+// bit of difference: that is how the interpreter itself is checked against the hardware (ctest
+// runs the kernel sweeps once more that way, as `x64_emu_matches_hardware`).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "jit/gemm.hpp"
+#include "jit/kernel.hpp"
+#include "tests/cpp/test_util.hpp"
+
+#if !defined(__aarch64__)
+#include "tests/cpp/x64_emu.hpp"
+#endif
+
+namespace ktjit::test {
+
+// Whether `isa`'s kernels run in the interpreter here (an x86 level this CPU cannot execute).
+inline bool emulated_level(IsaLevel isa) {
+#if defined(__aarch64__)
+  (void)isa;
+  return false;
+#else
+  return !isa_is_neon(isa) && isa != IsaLevel::ref && int(isa) > int(selected_isa());
+#endif
+}
+
+inline bool dual_run() {
+  const char* e = std::getenv("KT_JIT_TEST_DUAL");
+  return e && std::strcmp(e, "0") != 0 && e[0] != '\0';
+}
+
+// The levels the kernel sweeps check: the runnable ones natively, then (x86) every AVX-512 level
+// above them in the interpreter. AMX has its own tests (test_amx.cpp). A dual run checks the
+// interpreter against the hardware, so it keeps to the native levels.
+inline std::vector<IsaLevel> kernel_test_levels() {
+  std::vector<IsaLevel> v = runnable_levels();
+#if !defined(__aarch64__)
+  for (int l = int(IsaLevel::avx2); l <= int(IsaLevel::avx512_bf16); ++l)
+    if (emulated_level(IsaLevel(l)) && !dual_run()) v.push_back(IsaLevel(l));
+#endif
+  return v;
+}
+
+inline const char* level_how(IsaLevel isa) {
+  return emulated_level(isa) ? "emulated" : "native";
+}
+
+// Output rows a kernel call writes: prefill m_blocks blocks of m_r rows, decode m_r rows.
+inline int64_t kernel_rows(const KernelKey& key, const GemmArgs& args) {
+  return key.kind == KernelKind::gemm_prefill ? args.m_blocks * key.m_r : key.m_r;
+}
+
+// Runs the generated kernel for `key` on `args`. Returns the kernel's name (for coverage
+// checks), or "" after a gtest failure.
+inline std::string run_generated(const KernelKey& key, const GemmArgs& args) {
+  using GemmFn = void (*)(const GemmArgs*);
+  const Kernel* k = KernelCache::instance().get(key);
+  EXPECT_NE(k, nullptr) << key.name();
+  if (!k) return "";
+#if defined(__aarch64__)
+  reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+#else
+  auto emulate = [&] {
+    try {
+      emulate_x64(k->code.data(), k->code.size(), &args);  // default options
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << key.name() << ": " << e.what();
+    }
+  };
+  if (emulated_level(key.isa)) {
+    emulate();
+    return k->name;
+  }
+  if (!dual_run()) {
+    reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+    return k->name;
+  }
+  // Dual run: the outputs as they were, the native result, then the interpreter's from the same
+  // starting point (accumulating epilogues read the outputs).
+  const int64_t rows = kernel_rows(key, args);
+  const int64_t cols = args.n_strips * gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
+  std::vector<std::vector<float> > before, native;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = args.out_rows[r] + args.out_col;
+    before.emplace_back(p, p + cols);
+  }
+  reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = args.out_rows[r] + args.out_col;
+    native.emplace_back(p, p + cols);
+    std::memcpy(p, before[size_t(r)].data(), size_t(cols) * 4);
+  }
+  emulate();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = args.out_rows[r] + args.out_col;
+    if (std::memcmp(p, native[size_t(r)].data(), size_t(cols) * 4) != 0) {
+      int64_t c = 0;
+      while (std::memcmp(p + c, &native[size_t(r)][size_t(c)], 4) == 0) ++c;
+      ADD_FAILURE() << "interpreter differs from the hardware: " << key.name() << " row " << r
+                    << " column " << c << ": " << p[c] << " vs " << native[size_t(r)][size_t(c)];
+      break;
+    }
+  }
+#endif
+  return k->name;
+}
+
+}  // namespace ktjit::test
