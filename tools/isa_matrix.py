@@ -10,6 +10,10 @@ verified on the machine that ran the script. Produced from test runs, not by han
   (tests/emu/run_aarch64.sh, BUILD_AARCH64/ktjit_tests) ran under qemu-aarch64 and its NEON kernel
   sweep (A64Gemm.*, bit for bit against gemm_ref) and MoE executor tests passed at that level; the
   cell names the CPU models (-cpu max runs all three levels, -cpu cortex-a72 plain neon).
+- "interpreted": an x86 level above what this CPU runs (AVX-512 on an AVX2-only machine): the C++
+  kernel sweeps (Gemm, MxGemm, QGroup: every kernel shape of every format) and the vdpbf16ps pair
+  kernels ran in the tests' x86-64 interpreter (tests/cpp/x64_emu.cpp, itself checked against this
+  CPU by ctest's x64_emu_matches_hardware) and equal the C++ reference bit for bit at that level.
 - "generated": the kernels for the level are generated and disassemble, but nothing executed them.
 - "encoding-checked, tile-model-verified" (amx without AMX hardware): the C++ AMX suite passed —
   every tile instruction objdump finds equals the generator's own log and our decoder's reading,
@@ -88,6 +92,33 @@ def _haswell_sweep(build: str) -> bool:
     return p.returncode == 0 and "PASSED" in p.stdout
 
 
+def _interpreted_sweeps(build: str) -> set:
+    """x86 levels whose kernel sweeps passed in the x86-64 interpreter (not runnable here)."""
+    exe = os.path.join(build, "ktjit_tests")
+    if not os.path.exists(exe):
+        return set()
+    p = subprocess.run(
+        [
+            exe,
+            "--gtest_filter=Gemm.SweepMatchesReferenceBitwise:MxGemm.SweepMatchesReferenceBitwise:"
+            "QGroup.SweepMatchesReferenceBitwise:Bf16Pairs.GeneratedMatchesReferenceBitwise",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k not in ("KT_JIT_ISA", "KT_JIT_TEST_DUAL")},
+    )
+    if p.returncode != 0 or "PASSED" not in p.stdout:
+        return set()
+    # "gemm sweep: avx512 (emulated)": a level counts when every sweep ran it in the interpreter
+    seen: dict = {}
+    for line in p.stdout.splitlines():
+        if " sweep: " in line and line.endswith("(emulated)"):
+            sweep, level = line.split(" sweep: ")
+            seen.setdefault(level.split(" ")[0], set()).add(sweep)
+    return {lv for lv, sweeps in seen.items() if sweeps >= {"gemm", "mx", "qgroup"}}
+
+
 def _amx_suite(build: str) -> bool:
     """The C++ AMX checks (encoding vs objdump, tile model, trapped execution) pass."""
     exe = os.path.join(build, "ktjit_tests")
@@ -124,6 +155,7 @@ def main(argv=None) -> int:
     runnable = set(_core.runnable_isas())
     emulated_avx2 = _haswell_sweep(args.build)
     emulated_neon = _aarch64_sweeps(args.build_aarch64)
+    interpreted = _interpreted_sweeps(args.build)
     amx_suite = _amx_suite(args.build)
     amx_checked = "amx" not in runnable and amx_suite
     rows = []
@@ -151,6 +183,8 @@ def main(argv=None) -> int:
                     cell += " + emulated"
             elif level == "avx2" and emulated_avx2:
                 cell = "emulated"
+            elif level in interpreted:
+                cell = "interpreted"
             else:
                 try:
                     ks = _core.dump_kernels(method, 8, 2, 128, 80, level)
@@ -219,6 +253,9 @@ def main(argv=None) -> int:
         "**native** = run here, generated kernels equal the C++ reference bit for bit; "
         "**emulated** = kernel sweep passed under `qemu-x86_64 -cpu Haswell` (x86 levels) or "
         "`qemu-aarch64` (NEON levels, cross-built suite); "
+        "**interpreted** = an x86 level this CPU lacks: every kernel sweep ran in the tests' x86-64 "
+        "interpreter (itself checked against this CPU's own kernels) and equals the reference bit "
+        "for bit; "
         "**generated** = kernels generate and disassemble but did not run; "
         "**encoding-checked, tile-model-verified** = AMX tile instructions equal objdump's listing "
         "and the kernels ran with every tile instruction executed by the software tile model, "
