@@ -715,6 +715,21 @@ class Machine {
         }
         write_vdst(rip, in, o[0], r, L);
         return;
+      case ZYDIS_MNEMONIC_VPSIGNW:  // src1 negated where src2 < 0, zeroed where src2 == 0
+        src(1, a);
+        src(2, b);
+        for (int i = 0; i < L / 2; ++i) {
+          const int16_t sg = get<int16_t>(b, i), x = get<int16_t>(a, i);
+          put<int16_t>(r, i, sg < 0 ? int16_t(-int32_t(x)) : sg == 0 ? int16_t(0) : x);
+        }
+        write_vdst(rip, in, o[0], r, L);
+        return;
+      case ZYDIS_MNEMONIC_VPSIGND:
+        lanes32([&](int i) {
+          const int32_t sg = get<int32_t>(b, i), x = get<int32_t>(a, i);
+          put<int32_t>(r, i, sg < 0 ? int32_t(0u - uint32_t(x)) : sg == 0 ? 0 : x);
+        });
+        return;
       case ZYDIS_MNEMONIC_VPMADDUBSW:  // u8 (src1) x s8 (src2), adjacent pairs, saturated to s16
         src(1, a);
         src(2, b);
