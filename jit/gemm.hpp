@@ -126,8 +126,13 @@ inline bool decode_group_accumulate(const KernelKey& key) {
 //   acc = fma(float(sum_g), scale_n * (d_g / 2), acc)        (scale_n = 2^(e - 127), exact)
 // The packed nibbles are read with vpermw over a 32-word table: each word holds 4 nibbles, so
 // 32 weights cost one shift, one permute and one dot instruction (fp32 decode: 16).
+// AVX2 takes the same int16 codes in its one-row decode tiles (16 registers hold one row's fp32
+// and int32 accumulators): the weights' |2 * e2m1| by vpshufb from a 16-byte table, the sign
+// moved onto the activation by vpsignw, vpmaddwd + vpaddd; the same exact int32 sums.
 inline bool mx_int16_activations(const KernelKey& key) {
-  return key.format == WeightFormat::mxfp4 && decode_group_accumulate(key);
+  return key.format == WeightFormat::mxfp4 &&
+         (decode_group_accumulate(key) ||
+          (key.isa == IsaLevel::avx2 && key.kind == KernelKind::gemm_decode && key.m_r == 1));
 }
 // bf16 kernels that take bf16 activation pairs and the strip re-laid as k pairs in
 // GemmArgs::scratch (K even): AMX-BF16 tiles at isa amx, and the kBf16Pairs prefill kernels

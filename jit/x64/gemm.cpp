@@ -11,6 +11,7 @@
 // (signed activations x unsigned code + 128 with vpdpbusd; |code| x a·sign(code) with vpmaddubsw).
 #include "jit/x64/gemm.hpp"
 
+#include <cmath>
 #include <stdexcept>
 
 #include "jit/gemm.hpp"
@@ -289,8 +290,10 @@ class GemmGenerator : public JitGenerator {
     if (qg_) load_params_qgroup();
     if (fp8p_ && !prefill_) fp8_pair_constants();
     if (bf16_ && !pairs_ && zmm_isa()) vmovups(Zmm(29), zword[rip + c_hi16_]);  // odd-k mask
-    if (i16_)
+    if (i16_ && zmm_isa())
       vmovups(Zmm(29), zword[rip + c_e2m1_w_]);  // 2 * e2m1 as int16, twice
+    else if (i16_)  // avx2: |2 * e2m1| bytes in both lanes, and the word nibble mask
+      mx_i16_avx2_constants();
     else if (mx4_ && zmm_isa() && mr_ < 6)
       vmovups(Zmm(29), zword[rip + c_e2m1_]);  // e2m1 table
     zero_accumulators();
@@ -905,10 +908,12 @@ class GemmGenerator : public JitGenerator {
     {
       mx_group_scales();
       if (gacc_) zero_gacc();
+      if (i16_ && !zmm_isa())
+        for (int v = 0; v < nv_; ++v) vpxor(mx_i16_gacc(v), mx_i16_gacc(v), mx_i16_gacc(v));
       mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
       L(inner);
       if (i16_) {  // 8 K steps: 4 pairs of int16 activations per row
-        for (int s = 0; s < 4; ++s) microkernel_mx_i16(s);
+        for (int s = 0; s < 4; ++s) zmm_isa() ? microkernel_mx_i16(s) : microkernel_mx_i16_avx2(s);
         add(reg_a, 16);
         advance_w(step_bytes() * kMxUnroll);
       } else {
@@ -917,7 +922,16 @@ class GemmGenerator : public JitGenerator {
       }
       sub(reg_gk, kMxUnroll);
       jg(inner, T_NEAR);
-      if (i16_) {  // acc += float(sum) * (2^e * d/2): the sum is exact, one rounding
+      if (i16_ && !zmm_isa()) {  // avx2, one row: the same fold, the scales from the stack
+        const Ymm t(13), d(14);  // free after the K steps
+        vbroadcastss(d, dword[a_row(0)]);
+        for (int v = 0; v < nv_; ++v) {
+          vcvtdq2ps(mx_i16_gacc(v), mx_i16_gacc(v));
+          vmulps(t, d, mx_scale(v));
+          vfmadd231ps(acc(0, v), mx_i16_gacc(v), t);
+        }
+        add(reg_a, 4);
+      } else if (i16_) {  // acc += float(sum) * (2^e * d/2): the sum is exact, one rounding
         const Zmm t(30), d(31);
         for (int m = 0; m < mr_; ++m) {
           vbroadcastss(d, dword[a_row(m)]);  // the group's d / 2 follows its 64 code bytes
@@ -960,6 +974,42 @@ class GemmGenerator : public JitGenerator {
           vpaddd(gacc(m, v), gacc(m, v), prod);
         }
       }
+    }
+  }
+
+  // The same on AVX2 (one row; no vpermw or vpdpwssd): each 16-bit word of the nibble dword,
+  // shifted by 4s, gives its low nibble to vpshufb over the 16-byte |2 * e2m1| table (the word's
+  // high byte indexes entry 0, which is 0), and its nibble's sign bit, shifted to bit 15, to
+  // vpsignw, which negates the activation where the code is negative (a zero word there means a
+  // zero magnitude, so the zeroed activation changes nothing); vpmaddwd + vpaddd then add the
+  // exact products into the int32 group sums. ymm4..7 sums, 8 row pair, 9 word mask 0x000f,
+  // 10 table, 11 index, 12 sign, 13 signed activation, 14 the nibble words (VEX shifts take no
+  // memory operand).
+  Ymm mx_i16_gacc(int v) const { return Ymm(4 + v); }
+  void mx_i16_avx2_constants() {
+    vbroadcasti128(Ymm(10), ptr[rip + c_e2m1_b_]);
+    vmovups(Ymm(9), yword[rip + c_000f_]);
+  }
+  void microkernel_mx_i16_avx2(int s) {
+    const Ymm pair(8), mask(9), table(10), idx(11), sgn(12), sa(13), word(14);
+    vpbroadcastd(pair, dword[a_row(0) + 4 * s]);
+    for (int v = 0; v < nv_; ++v) {
+      vmovdqu(word, yword[reg_w + v * vec_bytes()]);
+      if (s == 0) {
+        vpand(idx, mask, word);
+      } else {
+        vpsrlw(idx, word, uint8_t(4 * s));
+        if (s < 3) vpand(idx, idx, mask);
+      }
+      vpshufb(idx, table, idx);
+      if (s < 3) {
+        vpsllw(sgn, word, uint8_t(12 - 4 * s));
+        vpsignw(sa, pair, sgn);
+      } else {
+        vpsignw(sa, pair, word);
+      }
+      vpmaddwd(sa, idx, sa);
+      vpaddd(mx_i16_gacc(v), mx_i16_gacc(v), sa);
     }
   }
 
@@ -1232,6 +1282,10 @@ class GemmGenerator : public JitGenerator {
     align(64);
     L(c_e2m1_w_);  // 2 * e2m1 as int16 for every 5-bit index (the stray bit 4 ignored)
     for (int i = 0; i < 32; ++i) dw(uint16_t(int16_t(2.0f * mx_e2m1(uint8_t(i & 15)))));
+    L(c_e2m1_b_);  // |2 * e2m1| as bytes for every nibble (AVX2 vpshufb; the sign goes apart)
+    for (int i = 0; i < 16; ++i) db(uint8_t(2.0f * std::fabs(mx_e2m1(uint8_t(i)))));
+    L(c_000f_);
+    for (int i = 0; i < 16; ++i) dw(0x000f);
     if (fp8p_) emit_fp8_pair_constants();
   }
 
@@ -1273,7 +1327,8 @@ class GemmGenerator : public JitGenerator {
     for (int m = 0; m < mr_; ++m)
       for (int v = 0; v < nv_; ++v) vpxord(gacc(m, v), gacc(m, v), gacc(m, v));
   }
-  Label c_0f_, c_e2m1_, c_e2m1_w_, c_f16_mask_, c_80_, c_hi16_, c_fp8_lut_[2], c_fp8_idx_[2];
+  Label c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_, c_fp8_lut_[2],
+      c_fp8_idx_[2];
   Label c_ones16_, c_f256_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_,
       c_one_;
 };
