@@ -108,15 +108,20 @@ inline bool int8_activation_offset(IsaLevel isa) {
 inline bool gemm_activation_offset(IsaLevel isa, WeightFormat fmt) {
   return fmt != WeightFormat::qgroup && int8_activation_offset(isa);
 }
-// mxfp4 / mxfp8 / fp8 decode kernels of <= 2 rows on AVX-512: each scale group's products are
-// summed unscaled (g = fma(a, w, g) in k order; w the decoded value, for fp8 and mxfp8 the value
-// * 2^-8) and folded in once per group, acc = fma(g, scale, acc) (scale * 2^8 for those two),
-// instead of multiplying every weight by its scale; jit/gemm_ref.cpp follows the same rule.
+// mxfp4 / mxfp8 / fp8 decode kernels of <= 2 rows on AVX-512 and of 1 row on AVX2 (whose 16
+// registers hold one row's group accumulators beside its accumulators): each scale group's
+// products are summed unscaled (g = fma(a, w, g) in k order; w the decoded value, for fp8 and
+// mxfp8 the value * 2^-8) and folded in once per group, acc = fma(g, scale, acc) (scale * 2^8
+// for those two), instead of multiplying every weight by its scale; jit/gemm_ref.cpp follows the
+// same rule.
 inline bool decode_group_accumulate(const KernelKey& key) {
   const bool fmt = key.format == WeightFormat::mxfp4 || key.format == WeightFormat::mxfp8 ||
                    key.format == WeightFormat::fp8;
-  return fmt && key.kind == KernelKind::gemm_decode && key.m_r <= 2 &&
-         int(key.isa) >= int(IsaLevel::avx512) && !isa_is_neon(key.isa);
+  const bool level = isa_is_neon(key.isa) ? false
+                     : key.isa == IsaLevel::avx2
+                         ? key.m_r == 1
+                         : int(key.isa) >= int(IsaLevel::avx512) && key.m_r <= 2;
+  return fmt && key.kind == KernelKind::gemm_decode && level;
 }
 // mxfp4 decode kernels of <= 2 rows on AVX-512 (the decode_group_accumulate ones) take the
 // activations as int16 codes per 32-wide group (formats::quantize_mx_act_i16: 68 bytes a group,
@@ -126,13 +131,11 @@ inline bool decode_group_accumulate(const KernelKey& key) {
 //   acc = fma(float(sum_g), scale_n * (d_g / 2), acc)        (scale_n = 2^(e - 127), exact)
 // The packed nibbles are read with vpermw over a 32-word table: each word holds 4 nibbles, so
 // 32 weights cost one shift, one permute and one dot instruction (fp32 decode: 16).
-// AVX2 takes the same int16 codes in its one-row decode tiles (16 registers hold one row's fp32
-// and int32 accumulators): the weights' |2 * e2m1| by vpshufb from a 16-byte table, the sign
-// moved onto the activation by vpsignw, vpmaddwd + vpaddd; the same exact int32 sums.
+// AVX2 (its one-row decode tiles) takes the same int16 codes: the weights' |2 * e2m1| by vpshufb
+// from a 16-byte table, the sign moved onto the activation by vpsignw, vpmaddwd + vpaddd; the
+// same exact int32 sums.
 inline bool mx_int16_activations(const KernelKey& key) {
-  return key.format == WeightFormat::mxfp4 &&
-         (decode_group_accumulate(key) ||
-          (key.isa == IsaLevel::avx2 && key.kind == KernelKind::gemm_decode && key.m_r == 1));
+  return key.format == WeightFormat::mxfp4 && decode_group_accumulate(key);
 }
 // bf16 kernels that take bf16 activation pairs and the strip re-laid as k pairs in
 // GemmArgs::scratch (K even): AMX-BF16 tiles at isa amx, and the kBf16Pairs prefill kernels

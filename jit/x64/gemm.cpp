@@ -374,7 +374,7 @@ class GemmGenerator : public JitGenerator {
           if (fp8_scale_regs())
             vfmadd231ps(dst, g, Zmm(28 + h));
           else
-            vfmadd231ps(dst, g, zword[rsp + kFp8ScaleStack + h * vec_bytes()]);
+            vfmadd231ps(dst, g, vmem(rsp + kFp8ScaleStack + h * vec_bytes()));
         };
         for (int m = 0; m < mr_; ++m)
           for (int v = 0; v < nv_; ++v) {
@@ -908,8 +908,6 @@ class GemmGenerator : public JitGenerator {
     {
       mx_group_scales();
       if (gacc_) zero_gacc();
-      if (i16_ && !zmm_isa())
-        for (int v = 0; v < nv_; ++v) vpxor(mx_i16_gacc(v), mx_i16_gacc(v), mx_i16_gacc(v));
       mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
       L(inner);
       if (i16_) {  // 8 K steps: 4 pairs of int16 activations per row
@@ -926,9 +924,9 @@ class GemmGenerator : public JitGenerator {
         const Ymm t(13), d(14);  // free after the K steps
         vbroadcastss(d, dword[a_row(0)]);
         for (int v = 0; v < nv_; ++v) {
-          vcvtdq2ps(mx_i16_gacc(v), mx_i16_gacc(v));
+          vcvtdq2ps(gacc(0, v), gacc(0, v));
           vmulps(t, d, mx_scale(v));
-          vfmadd231ps(acc(0, v), mx_i16_gacc(v), t);
+          vfmadd231ps(acc(0, v), gacc(0, v), t);
         }
         add(reg_a, 4);
       } else if (i16_) {  // acc += float(sum) * (2^e * d/2): the sum is exact, one rounding
@@ -942,9 +940,14 @@ class GemmGenerator : public JitGenerator {
           }
         }
         add(reg_a, 4);
-      } else if (gacc_)  // acc += g * 2^e (exact scaling, one rounding)
+      } else if (gacc_) {  // acc += g * 2^e (exact scaling, one rounding)
         for (int m = 0; m < mr_; ++m)
-          for (int v = 0; v < nv_; ++v) vfmadd231ps(acc(m, v), gacc(m, v), Zmm(20 + v));
+          for (int v = 0; v < nv_; ++v)
+            if (mx_scale_regs())
+              vfmadd231ps(acc(m, v), gacc(m, v), Zmm(20 + v));
+            else
+              vfmadd231ps(acc(m, v), gacc(m, v), mx_scale(v));
+      }
       sub(reg_k, arg(offsetof(GemmArgs, g_steps)));
       jg(group, T_NEAR);
     }
@@ -982,16 +985,15 @@ class GemmGenerator : public JitGenerator {
   // high byte indexes entry 0, which is 0), and its nibble's sign bit, shifted to bit 15, to
   // vpsignw, which negates the activation where the code is negative (a zero word there means a
   // zero magnitude, so the zeroed activation changes nothing); vpmaddwd + vpaddd then add the
-  // exact products into the int32 group sums. ymm4..7 sums, 8 row pair, 9 word mask 0x000f,
-  // 10 table, 11 index, 12 sign, 13 signed activation, 14 the nibble words (VEX shifts take no
-  // memory operand).
-  Ymm mx_i16_gacc(int v) const { return Ymm(4 + v); }
+  // exact products into the int32 group sums (gacc: ymm8..11). ymm4 row pair, 5 word mask
+  // 0x000f, 6 table, 7 index, 12 sign, 13 signed activation, 14 the nibble words (VEX shifts take
+  // no memory operand).
   void mx_i16_avx2_constants() {
-    vbroadcasti128(Ymm(10), ptr[rip + c_e2m1_b_]);
-    vmovups(Ymm(9), yword[rip + c_000f_]);
+    vbroadcasti128(Ymm(6), ptr[rip + c_e2m1_b_]);
+    vmovups(Ymm(5), yword[rip + c_000f_]);
   }
   void microkernel_mx_i16_avx2(int s) {
-    const Ymm pair(8), mask(9), table(10), idx(11), sgn(12), sa(13), word(14);
+    const Ymm pair(4), mask(5), table(6), idx(7), sgn(12), sa(13), word(14);
     vpbroadcastd(pair, dword[a_row(0) + 4 * s]);
     for (int v = 0; v < nv_; ++v) {
       vmovdqu(word, yword[reg_w + v * vec_bytes()]);
@@ -1009,7 +1011,7 @@ class GemmGenerator : public JitGenerator {
         vpsignw(sa, pair, word);
       }
       vpmaddwd(sa, idx, sa);
-      vpaddd(mx_i16_gacc(v), mx_i16_gacc(v), sa);
+      vpaddd(gacc(0, v), gacc(0, v), sa);
     }
   }
 
@@ -1322,10 +1324,11 @@ class GemmGenerator : public JitGenerator {
   const bool mx4_, mx8_, mx_, gacc_, i16_;
   // gacc_: the group accumulators of (row m, vector v), zmm8..15 (free with <= 2 rows); fp8 pair
   // kernels of 3-4 rows use the accumulator registers (fp8_stack_acc).
-  Xmm gacc(int m, int v) const { return fp8_stack_acc() ? acc(m, v) : Zmm(8 + m * nv_ + v); }
+  // (ymm8..11 on AVX2, whose group-accumulating tiles have one row.)
+  Xmm gacc(int m, int v) const { return fp8_stack_acc() ? acc(m, v) : vreg(8 + m * nv_ + v); }
   void zero_gacc() {
     for (int m = 0; m < mr_; ++m)
-      for (int v = 0; v < nv_; ++v) vpxord(gacc(m, v), gacc(m, v), gacc(m, v));
+      for (int v = 0; v < nv_; ++v) vpxord_any(gacc(m, v));
   }
   Label c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_, c_fp8_lut_[2],
       c_fp8_idx_[2];
