@@ -96,6 +96,14 @@ static_assert(offsetof(GemmArgs, scratch) == 152, "GemmArgs is part of the kerne
 
 using GemmFn = void (*)(const GemmArgs*);
 
+// How the executor calls a generated GEMM kernel: directly, unless a test installed a runner (the
+// tests' x86-64 interpreter, which runs the kernels of levels this CPU lacks through the real
+// executor). The runner must be thread-safe; nullptr restores the direct call.
+using GemmRunner = void (*)(const Kernel& kernel, const GemmArgs& args);
+void set_gemm_runner(GemmRunner runner);
+bool gemm_runner_installed();  // MoELayer then accepts levels above the selected one
+void run_gemm_kernel(const Kernel& kernel, const GemmArgs& args);
+
 // VNNI levels (vpdpbusd multiplies unsigned by signed bytes) take activations stored as
 // a + 128 (the int8 byte XOR 0x80); the other levels take the int8 bytes as they are.
 // NEON levels (sdot is signed x signed; the widening path too) take plain int8.

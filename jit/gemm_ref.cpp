@@ -2,6 +2,7 @@
 // fmaf where the kernel uses an FMA, separate multiplies where it multiplies. Built with
 // -ffp-contract=off so the compiler does not fuse on its own.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -382,6 +383,24 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
     }
     w += args.k4 * cols * (fp8 ? 1 : bf16 ? 2 * kg : int4 ? 2 : 4);
   }
+}
+
+namespace {
+std::atomic<GemmRunner> g_gemm_runner{nullptr};
+}  // namespace
+
+void set_gemm_runner(GemmRunner runner) {
+  g_gemm_runner.store(runner);
+}
+bool gemm_runner_installed() {
+  return g_gemm_runner.load() != nullptr;
+}
+
+void run_gemm_kernel(const Kernel& kernel, const GemmArgs& args) {
+  if (const GemmRunner r = g_gemm_runner.load(std::memory_order_relaxed))
+    r(kernel, args);
+  else
+    reinterpret_cast<GemmFn>(const_cast<void*>(kernel.entry()))(&args);
 }
 
 }  // namespace ktjit

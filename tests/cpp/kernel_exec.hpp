@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -122,5 +123,50 @@ inline std::string run_generated(const KernelKey& key, const GemmArgs& args) {
 #endif
   return k->name;
 }
+
+#if !defined(__aarch64__)
+// The executor (MoELayer) through the interpreter: while an InterpretedExecutor for a level this
+// CPU lacks is alive, every generated GEMM kernel the executor calls at such a level runs in the
+// interpreter (on the pool's worker threads too); native levels still run directly. Failures are
+// collected, since they happen on workers: check errors() after the forwards.
+class InterpretedExecutor {
+ public:
+  explicit InterpretedExecutor(IsaLevel isa) : active_(emulated_level(isa)) {
+    if (active_) set_gemm_runner(&run);
+  }
+  ~InterpretedExecutor() {
+    if (active_) set_gemm_runner(nullptr);
+  }
+  InterpretedExecutor(const InterpretedExecutor&) = delete;
+  InterpretedExecutor& operator=(const InterpretedExecutor&) = delete;
+  static std::string errors() {
+    std::lock_guard<std::mutex> lock(mu());
+    return first_error();
+  }
+
+ private:
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::string& first_error() {
+    static std::string e;
+    return e;
+  }
+  static void run(const Kernel& k, const GemmArgs& args) {
+    if (!emulated_level(k.key.isa)) {
+      reinterpret_cast<void (*)(const GemmArgs*)>(const_cast<void*>(k.entry()))(&args);
+      return;
+    }
+    try {
+      emulate_x64(k.code.data(), k.code.size(), &args);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu());
+      if (first_error().empty()) first_error() = k.name + ": " + e.what();
+    }
+  }
+  bool active_;
+};
+#endif
 
 }  // namespace ktjit::test

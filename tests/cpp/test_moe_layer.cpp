@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "kernel_exec.hpp"
 #include "runtime/moe_layer.hpp"
 #include "test_util.hpp"
 
@@ -60,7 +61,8 @@ TEST(MoELayer, GeneratedMatchesReferenceAndIsDeterministic) {
   ThreadPool p1(1, 1), p2(2, 1);
   if (test::runnable_levels().empty()) GTEST_SKIP() << "this CPU runs no generated x86 level";
   uint32_t seed = 10;
-  for (IsaLevel isa : test::runnable_levels()) {
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    test::InterpretedExecutor interpret(isa);  // levels this CPU lacks: kernels interpreted
     for (const Case& c : cases) {
       Data d = make_data(c, seed++);
       const char* method = seed % 3 == 0 ? "BF16" : seed % 3 == 1 ? "AMXINT8" : "AMXINT4";
@@ -77,6 +79,7 @@ TEST(MoELayer, GeneratedMatchesReferenceAndIsDeterministic) {
       ASSERT_EQ(0, std::memcmp(a.data(), ref.data(), a.size() * 4)) << where;
       ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "1 vs 2 threads " << where;
       ASSERT_EQ(0, std::memcmp(b.data(), again.data(), b.size() * 4)) << "run to run " << where;
+      ASSERT_EQ(test::InterpretedExecutor::errors(), "") << where;
     }
   }
 }
@@ -85,9 +88,10 @@ TEST(MoELayer, GeneratedMatchesReferenceAndIsDeterministic) {
 // (the last 6-row block padded); the layer equals its twin bit for bit, with 1 and 2 threads, and
 // differs from the fp32-activation kernels of avx512_vnni where experts are that long.
 TEST(MoELayer, Bf16PairTierMatchesReferenceAndPadsTheLastBlock) {
-  const IsaLevel isa = selected_isa();
-  if (isa != IsaLevel::avx512_bf16 && isa != IsaLevel::amx)
-    GTEST_SKIP() << "this CPU (or KT_JIT_ISA) lacks AVX512-BF16";
+  // Natively where the CPU has AVX512-BF16, else through the x86-64 interpreter.
+  if (test::emulated_level(IsaLevel::avx512_bf16) && !test::interpreter_enabled())
+    GTEST_SKIP() << "this CPU (or KT_JIT_ISA) lacks AVX512-BF16 and KT_JIT_TEST_INTERPRET=0";
+  test::InterpretedExecutor interpret(IsaLevel::avx512_bf16);
   const Case cases[] = {{{16, 4, 576, 352}, 64},  // ~16 rows an expert: 3 blocks, padded
                         {{4, 3, 64, 24}, 301},    // ~226 rows
                         {{8, 2, 100, 40}, 17}};   // ~4 rows: fp32 kernels only
@@ -108,6 +112,7 @@ TEST(MoELayer, Bf16PairTierMatchesReferenceAndPadsTheLastBlock) {
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "1 vs 2 threads " << where;
     const bool long_experts = c.T * c.shape.top_k >= 12 * c.shape.experts;
     EXPECT_EQ(long_experts, std::memcmp(a.data(), f.data(), a.size() * 4) != 0) << where;
+    ASSERT_EQ(test::InterpretedExecutor::errors(), "") << where;
   }
 }
 
