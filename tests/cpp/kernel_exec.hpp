@@ -167,6 +167,12 @@ class InterpretedExecutor {
   }
   bool active_;
 };
+#else
+class InterpretedExecutor {  // AArch64: no x86 level to interpret
+ public:
+  explicit InterpretedExecutor(IsaLevel) {}
+  static std::string errors() { return ""; }
+};
 #endif
 
 }  // namespace ktjit::test

@@ -89,8 +89,10 @@ TEST(MoELayer, GeneratedMatchesReferenceAndIsDeterministic) {
 // differs from the fp32-activation kernels of avx512_vnni where experts are that long.
 TEST(MoELayer, Bf16PairTierMatchesReferenceAndPadsTheLastBlock) {
   // Natively where the CPU has AVX512-BF16, else through the x86-64 interpreter.
-  if (test::emulated_level(IsaLevel::avx512_bf16) && !test::interpreter_enabled())
-    GTEST_SKIP() << "this CPU (or KT_JIT_ISA) lacks AVX512-BF16 and KT_JIT_TEST_INTERPRET=0";
+  const bool native = selected_isa() == IsaLevel::avx512_bf16 || selected_isa() == IsaLevel::amx;
+  if (!native && !(test::emulated_level(IsaLevel::avx512_bf16) && test::interpreter_enabled()))
+    GTEST_SKIP() << "this CPU (or KT_JIT_ISA) lacks AVX512-BF16, and the x86-64 interpreter is "
+                    "off (KT_JIT_TEST_INTERPRET=0) or not on this architecture";
   test::InterpretedExecutor interpret(IsaLevel::avx512_bf16);
   const Case cases[] = {{{16, 4, 576, 352}, 64},  // ~16 rows an expert: 3 blocks, padded
                         {{4, 3, 64, 24}, 301},    // ~226 rows
