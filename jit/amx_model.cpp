@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "jit/bits.hpp"
+
 namespace ktjit::amx {
 
 const char* op_name(Op op) {
@@ -223,14 +225,10 @@ Fault TileMachine::load_config(const uint8_t* m) {
 
 namespace {
 float f32_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return f32_from_bits(u);
 }
 uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
+  return f32_to_bits(f);
 }
 // DAZ / FTZ: a subnormal becomes a zero of the same sign.
 float flush(float x) {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include "jit/bits.hpp"
 #include "jit/code_memory.hpp"
 #include "jit/cpu/cpu.hpp"
 #include "x64_emu.hpp"
@@ -60,15 +61,11 @@ Regs run(const std::function<void(Snippet&)>& body, const Regs& in, IsaLevel nat
   return emu;
 }
 
-float f(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
+float f(uint32_t bits) {
+  return f32_from_bits(bits);
 }
 uint32_t u(float x) {
-  uint32_t v;
-  std::memcpy(&v, &x, 4);
-  return v;
+  return f32_to_bits(x);
 }
 
 TEST(X64Emu, Vpdpbusd) {  // acc += sum over 4 bytes of u8(src1) * s8(src2), wrapping

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "jit/amx_model.hpp"
+#include "jit/bits.hpp"
 
 namespace ktjit::test {
 
@@ -31,14 +32,10 @@ void put(uint8_t* p, int i, T x) {
   std::memcpy(p + size_t(i) * sizeof(T), &x, sizeof(T));
 }
 uint32_t f2u(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
+  return f32_to_bits(f);
 }
 float u2f(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return f32_from_bits(u);
 }
 
 // IEEE half -> single, exact (subnormal halves become normal singles; NaNs are quieted).
