@@ -38,12 +38,12 @@ struct StripLayout {
   int strip_vecs = 4;  // vectors per full strip
   int sources = 1;     // 1, or 2 for gate/up
   int bits = 8;        // 8, 4 (nibbles) or 16 (bf16)
-  int kgroup = 4;      // K elements per step: 4 (integer dot products), 2 (x86 bf16) or 1
+  int kgroup = 4;      // K elements per step: 4 (integer dot products), 2 (bf16) or 1
   int64_t full_strips = 0;
   int tail_vecs = 0;  // vectors in the last, narrower strip (0 = none)
 
   // kgroup: 0 picks the integer dot-product grouping (4) for 4/8 bits and 1 for 16 bits (x86
-  // bf16 passes 2: k pairs); fp8
+  // and NEON bf16 pass 2: k pairs); fp8
   // strips are 8 bits with kgroup 1. g_steps: fp8 scale group in K steps (0 = no groups).
   static StripLayout make(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
                           int bits = 8, int kgroup = 0, int64_t g_steps = 0);
@@ -94,9 +94,9 @@ void unpack_rows(const StripLayout& layout, const void* packed, int src, int64_t
                  int64_t k0, int64_t k1, void* out, int64_t ld);
 
 // bfloat16 strips (layout.bits == 16): `w[src]` is n x k fp32 row-major, rounded to bf16 (RNE);
-// elements are [k / kgroup][column][kgroup] inside a strip: [k][column] with kgroup 1 (NEON, the
-// reference level), k pairs with kgroup 2 (x86, jit/gemm.hpp bf16_kgroup; an odd K ends with a
-// zero). Scales are set to 1 and compensations to 0.
+// elements are [k / kgroup][column][kgroup] inside a strip: [k][column] with kgroup 1 (the
+// reference level), k pairs with kgroup 2 (x86 and NEON, jit/gemm.hpp bf16_kgroup; an odd K ends
+// with a zero). Scales are set to 1 and compensations to 0.
 void pack_bf16_strips(const StripLayout& layout, const float* const* w, uint16_t* out, float* scale,
                       int32_t* comp);
 uint16_t f32_to_bf16(float f);

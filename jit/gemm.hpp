@@ -8,10 +8,12 @@
 //   bf16:      acc = fma(a[m][k], float(w[n][k]), acc) for k = 0, 1, ... (fp32 activations)
 //              y   = acc                                  (a_scale, w_scale unused)
 //              Pair kernels (bf16_pair_kernel: AMX-BF16 tiles, or kBf16Pairs prefill at
-//              avx512_bf16) take bf16 activations (rounded RNE by the caller); the kBf16Pairs ones
-//              compute, as vdpbf16ps does, for each pair p = 0, 1, ...:
+//              avx512_bf16 and neon_bf16) take bf16 activations (rounded RNE by the caller); the
+//              x86 kBf16Pairs ones compute, as vdpbf16ps does, for each pair p = 0, 1, ...:
 //                acc = ftz(fma(daz(a[2p+1]), daz(w[n][2p+1]), daz(acc)))
 //                acc = ftz(fma(daz(a[2p]),   daz(w[n][2p]),   acc))  (vdpbf16ps_lane below)
+//              and the NEON ones, as bfdot does (round to odd, bfdot_lane below):
+//                acc = ro(ftz(acc) + ro(ro(a[2p] * w[n][2p]) + ro(a[2p+1] * w[n][2p+1])))
 //   fp8:       w'  = fp8_value(w[n][k]) * gscale[strip][group(k)][half(n)]  (one rounding)
 //              acc = fma(a[m][k], w', acc) in k order;  y = (a_scale[m] * w_scale[n]) * acc
 //   qgroup:    (formats/grouped.hpp: w = scale[n][g] * code[n][k] + bias[n][g], g = k / G)
@@ -60,7 +62,7 @@ struct GemmArgs {
   int64_t lda;       // bytes
   const int8_t* w;   // first packed strip
   int64_t n_strips;  // strips of this kernel's width to process
-  int64_t k4;        // K steps: K/4 for integer formats (K padded), K for bf16
+  int64_t k4;        // K steps: K/4 for integer formats (K padded); bf16: k pairs (K at ref)
   const float* a_scale;     // per row
   const float* w_scale;     // per packed column of the first strip onwards
   const int32_t* w_comp;    // per packed column: 128 * Σ_k w (VNNI's unsigned-activation offset)
@@ -178,6 +180,15 @@ inline bool block_pair_kernel(const KernelKey& key) {
 // fp32 subnormal inputs read as zero and subnormal results flushed to zero (sign kept).
 // `a` and `b` hold the pair as two bf16, element 2p in the low half.
 float vdpbf16ps_lane(float acc, uint32_t a, uint32_t b);
+// One fp32 lane of AArch64 BFDOT (the Arm ARM's BFDotAdd with FEAT_EBF16 absent or FPCR.EBF 0;
+// FPCR is ignored): prod = ro(ro(a0 * b0) + ro(a1 * b1)), result = ro(acc + prod), where ro
+// rounds the exact value to fp32 with round to odd (truncate, then set the last bit if inexact),
+// flushes results whose exact exponent is below -126 to zero (sign kept), overflows to infinity,
+// and gives the default NaN (0x7fc00000) for any NaN; bf16 and fp32 subnormal inputs read as
+// zero, and x + (-x) is +0. Checked against qemu 7.2's bfdotadd under -cpu max on 10 million
+// random lanes (subnormals, cancellations, exponent gaps, inf/NaN): no mismatch.
+// `a` and `b` hold the pair as two bf16, element 2p in the low half.
+float bfdot_lane(float acc, uint32_t a, uint32_t b);
 // qgroup: codes are stored (and the LUT passed) XOR 0x80 at this level.
 inline bool qgroup_flip_codes(IsaLevel isa) {
   return int8_activation_offset(isa);
@@ -211,11 +222,13 @@ inline float fp8_value(uint8_t b) {
   return (b & 0x80) ? -f : f;
 }
 
-// bf16 strips on the x86 levels hold k pairs, [k/2][column][2] (StripLayout kgroup 2: a vector of
-// 16 columns x 2 k is one 64-byte load, vdpbf16ps's and tdpbf16ps's B operand as it is, and two
-// fp32 vectors by one shift and one and); the reference level and NEON keep [k][column].
+// bf16 strips on the x86 and NEON levels hold k pairs, [k/2][column][2] (StripLayout kgroup 2: a
+// vector of 16 columns x 2 k is one 64-byte load, vdpbf16ps's and tdpbf16ps's B operand as it is,
+// and two fp32 vectors by one shift and one and; on NEON a 128-bit load is 4 columns x 2 k, bfdot's
+// .8h operand as it is, and two fp32 vectors by shl #16 and bic); the reference level keeps
+// [k][column]. args.k4 then counts k pairs (an odd K ends with a zero k).
 inline int bf16_kgroup(IsaLevel isa) {
-  return isa != IsaLevel::ref && !isa_is_neon(isa) ? 2 : 1;
+  return isa != IsaLevel::ref ? 2 : 1;
 }
 
 // Output columns written per strip of `n_vec` vectors.

@@ -24,6 +24,50 @@ float vdpbf16ps_lane(float acc, uint32_t a, uint32_t b) {
   return daz(std::fma(bf(a), bf(b), acc));
 }
 
+namespace {
+// BFDOT's rounding (jit/gemm.hpp bfdot_lane) from a double `d` that is the exact value, or the
+// exact value rounded to odd at 53 bits (which rounds to odd at 24 bits the same way, the sticky
+// bit being kept): flush below 2^-126, overflow to infinity, truncate and jam the last bit.
+float bf_round_odd(double d) {
+  if (std::isnan(d)) return f32_from_bits(0x7fc00000u);  // the default NaN
+  if (std::isinf(d) || d == 0.0) return float(d);
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  const uint32_t sign = uint32_t(u >> 63) << 31;
+  const int e = int((u >> 52) & 0x7ff) - 1023;
+  if (e < -126) return f32_from_bits(sign);
+  if (e > 127) return f32_from_bits(sign | 0x7f800000u);
+  const uint64_t frac = u & ((uint64_t(1) << 52) - 1);
+  const uint32_t jam = (frac & ((uint64_t(1) << 29) - 1)) ? 1 : 0;
+  return f32_from_bits(sign | uint32_t(e + 127) << 23 | uint32_t(frac >> 29) | jam);
+}
+// x + y (fp32 values as doubles) rounded to odd at 53 bits: the RNE sum and its exact error
+// (TwoSum), then truncated and jammed when inexact.
+double add_round_odd53(double x, double y) {
+  const double s = x + y;
+  if (!std::isfinite(s) || s == 0.0) return s;  // a zero sum of fp32 values is exact
+  const double bb = s - x;
+  const double err = (x - (s - bb)) + (y - bb);
+  if (err == 0.0) return s;
+  double t = (err < 0) != (s < 0) ? std::nextafter(s, 0.0) : s;  // the truncation
+  uint64_t u;
+  std::memcpy(&u, &t, 8);
+  u |= 1;
+  std::memcpy(&t, &u, 8);
+  return t;
+}
+}  // namespace
+
+float bfdot_lane(float acc, uint32_t a, uint32_t b) {
+  auto ftz = [](float x) { return std::fabs(x) < 0x1p-126f ? std::copysign(0.0f, x) : x; };
+  auto bf = [&](uint32_t h) { return double(ftz(f32_from_bits((h & 0xffffu) << 16))); };
+  // bf16 products are exact in double (16 significant bits, no double under/overflow).
+  const float p0 = bf_round_odd(bf(a) * bf(b));
+  const float p1 = bf_round_odd(bf(a >> 16) * bf(b >> 16));
+  const float prod = bf_round_odd(add_round_odd53(p0, p1));
+  return bf_round_odd(add_round_odd53(ftz(acc), prod));
+}
+
 int gemm_max_rows(IsaLevel isa, WeightFormat fmt) {
   // NEON (32 registers, 24 accumulators at most): 6 rows x 4 vectors; the widening int8/int4
   // path of plain neon needs 3 more temporaries, so 4 rows there.
@@ -302,12 +346,16 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
         }
         for (int n = 0; n < cols && bf16 && (key.variant & kBf16Pairs); ++n) {
           // vdpbf16ps: bf16 activation pairs, one lane's chain over the k pairs (K even).
+          // vdpbf16ps (x86) or bfdot (neon_bf16): bf16 activation pairs, one lane's chain over
+          // the k pairs.
           const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);
           const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
+          const bool neon = isa_is_neon(key.isa);
           float acc = 0.0f;
           for (int64_t p = 0; p < bf16_k / 2; ++p) {
             const uint32_t b = uint32_t(wb[wi(2 * p, n)]) | uint32_t(wb[wi(2 * p + 1, n)]) << 16;
             acc = vdpbf16ps_lane(acc, a32[p], b);
+            acc = neon ? bfdot_lane(acc, a32[p], b) : vdpbf16ps_lane(acc, a32[p], b);
           }
           y[n] = acc;
         }

@@ -19,6 +19,14 @@ constexpr int64_t kL2ChunkBytes = 512 * 1024;
 // bf16 experts with at least this many rows run the vdpbf16ps pair kernels at avx512_bf16 (two
 // 6-row blocks per strip re-laid as k pairs; below that the fp32 FMA kernels).
 constexpr int kBf16PairMinRows = 12;
+// bf16 experts with at least this many rows run the bfdot pair kernels at neon_bf16: one full
+// 6-row block. Below it the executor runs decode tiles, which stream each strip once for all rows
+// (memory-bound: bfdot would save little there and would cost the activations' bf16 rounding, so
+// decode keeps fp32 activations, as on x86). From 6 rows on, a padded 6-row bfdot block needs
+// fewer vector instructions than the fp32 path (per k pair and vector of 4 columns: 6 bfdot
+// against 12 fmla + shl + 2 bic), and rows 7..11 would otherwise stream the strip twice (a 6-row
+// block plus a decode remainder), so padding the last block is the cheaper way.
+constexpr int kNeonBf16PairMinRows = 6;
 
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -231,7 +239,7 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
                                            fp8_block_ ? 128 : is);
       sh.expert_gscale = sh.gu.gscale_floats() + sh.down.gscale_floats();
     } else {
-      const int kg = bits == 16 ? bf16_kgroup(isa_) : 0;  // x86 bf16: k pairs
+      const int kg = bits == 16 ? bf16_kgroup(isa_) : 0;  // bf16: k pairs (not at ref)
       sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, bits, kg);
       sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, bits, kg);
     }
@@ -305,6 +313,14 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
              (fmt == WeightFormat::bf16 || (fmt == WeightFormat::fp8 && k_pairs))) {
     ks.tile_rows = ks.max_rows;
     ks.tile_min_rows = kBf16PairMinRows;
+    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
+    ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
+    ks.tile_full.variant = ks.tile_tail.variant = kBf16Pairs;
+  } else if (isa == IsaLevel::neon_bf16 && fmt == WeightFormat::bf16) {
+    // bfdot pair kernels (jit/aarch64/gemm_a64.cpp): 6-row blocks reading the k-pair strips in
+    // place, from kNeonBf16PairMinRows rows (see there).
+    ks.tile_rows = ks.max_rows;
+    ks.tile_min_rows = kNeonBf16PairMinRows;
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant = kBf16Pairs;

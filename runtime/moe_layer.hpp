@@ -63,7 +63,7 @@ struct GemmKernelSet {
   // the first floor(m / tile_rows) * tile_rows rows; the remaining rows, and experts with fewer
   // rows, take the kernels above. tile_rows 0 = none. At isa amx: AMX-INT8 (int8) / AMX-BF16
   // (bf16) tiles of 16 rows. At avx512_bf16 and up, bf16: the kBf16Pairs (vdpbf16ps) kernels,
-  // max_rows rows a block (bf16 activations, jit/gemm.hpp).
+  // max_rows rows a block (bf16 activations, jit/gemm.hpp); at neon_bf16 the bfdot ones.
   int tile_rows = 0, tile_min_rows = 0;
   KernelKey tile_full, tile_tail;
   const Kernel* tile_full_k = nullptr;

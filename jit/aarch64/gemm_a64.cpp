@@ -8,12 +8,22 @@
 //   neon:                    smull/smull2 (int8 x int8 -> int16), addp (pairs, |sum| <= 2*127*128 <
 //                            2^15, exact), sadalp into the int32 accumulators.
 //   int4:                    the nibble decode to 16*q4 (shl #4 for the low nibble, and 0xf0 for
-//   the
-//                            high one) in front of either dot product.
-//   bf16 (every level):      shll #16 widens bf16 to fp32 exactly, fmla by element: one fused
-//                            multiply-add per k in k order, the reference's fmaf chain. bfdot is
-//                            not used: it takes bf16 activations and rounds its pair sum
-//                            differently, so it could not match the fp32-activation reference.
+//                            the high one) in front of either dot product.
+//   bf16 strips hold k pairs ([k/2][column][2], jit/gemm.hpp bf16_kgroup; one K step = one pair,
+//   args.k4 pairs, an odd K ends with a zero k): a 128-bit load is 4 columns x one pair.
+//   bf16 (every level):      fp32 activations: the pair dword widened exactly to the even k
+//                            (shl #16) and the odd k (bic of the low half), then fmla by element,
+//                            k before k + 1 on each accumulator: one fused multiply-add per k in k
+//                            order, the reference's fmaf chain.
+//   bf16 kBf16Pairs:         (neon_bf16, prefill; jit/gemm.hpp bf16_pair_kernel) bf16 activation
+//                            rows (rounded RNE by the executor): bfdot v.4s, w.8h, a.2h[0] with
+//                            the strip's pair vector as it is. bfdot rounds differently from the
+//                            fp32 chain (both products, their sum and the accumulation each
+//                            rounded to odd, subnormals flushed; gemm_ref's bfdot_lane), and the
+//                            activations lose their low 16 bits, so these kernels have their own
+//                            twin and cost about 2^-9 relative per activation, as x86's
+//                            vdpbf16ps pair kernels do; in exchange they do 8 multiply-adds an
+//                            instruction instead of 4, with no widening.
 // Epilogues as on x86: y = (a_scale*w_scale)*float(acc) (two roundings), then store, siluup (the
 // exp_ref polynomial with fmla in the same order) or accum (fmla = fma(routing_weight, y, out)).
 #include "jit/aarch64/gemm_a64.hpp"
@@ -67,6 +77,7 @@ class GemmA64 {
         dot_(key.isa == IsaLevel::neon_dotprod || key.isa == IsaLevel::neon_bf16),
         int4_(key.format == WeightFormat::int4),
         bf16_(key.format == WeightFormat::bf16),
+        pairs_(bf16_ && (key.variant & kBf16Pairs)),
         prefill_(key.kind == KernelKind::gemm_prefill) {
     if (!isa_is_neon(key.isa))
       throw std::invalid_argument("gemm (aarch64): not a NEON level: " + key.describe());
@@ -79,6 +90,12 @@ class GemmA64 {
       throw std::invalid_argument("gemm (aarch64): tile out of range: " + key.describe());
     if (key.epilogue == Epilogue::siluup && nv_ % 2)
       throw std::invalid_argument("gemm (aarch64): siluup needs an even number of vectors");
+    if (bf16_ && (key.variant & ~kBf16Pairs))
+      throw std::invalid_argument("gemm (aarch64): unknown bf16 variant: " + key.describe());
+    if (pairs_ && (key.isa != IsaLevel::neon_bf16 || !prefill_))
+      throw std::invalid_argument(
+          "gemm (aarch64): bf16 pair (bfdot) kernels are prefill kernels at neon_bf16: " +
+          key.describe());
     code_.init(aj::Environment(aj::Arch::kAArch64));
     code_.setErrorHandler(&eh_);
     a_ = std::make_unique<a64::Assembler>(&code_);
@@ -113,7 +130,7 @@ class GemmA64 {
   static VecV v(int i) { return VecV(uint32_t(i)); }
   VecV acc(int m, int vv) const { return v(m * nv_ + vv); }
   static VecV wreg(int vv) { return v(24 + vv); }     // weights of vector vv at one K step
-  static VecV act(int m) { return v(28 + (m & 1)); }  // sdot / bf16: one row's activation
+  static VecV act(int m) { return v(28 + (m & 1)); }  // sdot / bfdot: one row's activation
   static VecV wide_act() { return v(28); }            // widening path: replicated activation
   static VecV wide_t(int i) { return v(29 + i); }     // widening path: two int16 products
   static VecV nib_mask() { return v(31); }            // int4: 0xf0 bytes
@@ -121,9 +138,12 @@ class GemmA64 {
   int lanes() const { return 4; }
   int strip_cols() const { return nv_ * lanes(); }
   int strip_k4_bytes() const { return strip_cols() * 4; }
+  // Weight bytes per K step (bf16: a k pair, [k/2][column][2]).
   int step_bytes() const {
-    return bf16_ ? strip_cols() * 2 : int4_ ? strip_k4_bytes() / 2 : strip_k4_bytes();
+    return bf16_ ? strip_cols() * 4 : int4_ ? strip_k4_bytes() / 2 : strip_k4_bytes();
   }
+  // Activation bytes per K step: 4 int8, a pair of fp32 (bf16) or of bf16 (bfdot).
+  int act_step_bytes() const { return bf16_ && !pairs_ ? 8 : 4; }
   int out_cols() const { return gemm_strip_out_cols(key_.isa, nv_, key_.epilogue); }
   static aj::arm::Mem arg(size_t off) { return a64::ptr(a64::x0, int32_t(off)); }
 
@@ -229,17 +249,17 @@ class GemmA64 {
 
   void advance(int steps) {
     auto& a = as();
-    for (int m = 0; m < mr_; ++m) a.add(a_row(m), a_row(m), 4 * steps);
+    for (int m = 0; m < mr_; ++m) a.add(a_row(m), a_row(m), act_step_bytes() * steps);
     a.add(reg_w, reg_w, step_bytes() * steps);
   }
 
-  // Weights of vector vv at K step u (u steps past reg_w) into wreg(vv), decoded to int8.
+  // Weights of vector vv at K step u (u steps past reg_w) into wreg(vv), decoded to int8 (bfdot:
+  // the k pair of 4 columns as it is, bfdot's .8h operand).
   void load_weights(int vv, int u) {
     auto& a = as();
     const VecV w = wreg(vv);
     if (bf16_) {
-      a.ldr(a64::VecD(w.id()), a64::ptr(reg_w, u * step_bytes() + vv * 8));
-      a.shll(w.s4(), w.h4(), 16);  // bf16 -> fp32, exact
+      a.ldr(w, a64::ptr(reg_w, u * step_bytes() + vv * 16));
       return;
     }
     const int off = int4_ ? (u / 2) * strip_k4_bytes() + vv * 16 : u * strip_k4_bytes() + vv * 16;
@@ -252,17 +272,43 @@ class GemmA64 {
     }
   }
 
-  // One K step: 4 k (integer) or 1 k (bf16) for every (row, vector) of the tile.
+  // bf16 with fp32 activations, one k pair per K step: the rows' activation pairs (8 bytes each)
+  // in v(32 - mr) .. v31 for the whole step; per vector the pair dword widened to the even k
+  // (shl #16) and the odd k (the low half cleared by two bic), then per accumulator fmla k and
+  // fmla k + 1, so each column's fused chain stays in k order. The 8 - mr registers left hold the
+  // weight vectors, (raw/odd, even) pairs rotating when there is room for more than one.
+  void microkernel_bf16_f32(int u) {
+    auto& a = as();
+    auto x = [&](int m) { return v(32 - mr_ + m); };
+    const int bufs = (8 - mr_) / 2;
+    for (int m = 0; m < mr_; ++m)
+      a.ldr(a64::VecD(x(m).id()), a64::ptr(a_row(m), act_step_bytes() * u));
+    for (int vv = 0; vv < nv_; ++vv) {
+      const VecV w = v(24 + 2 * (vv % bufs)), e = v(25 + 2 * (vv % bufs));
+      a.ldr(w, a64::ptr(reg_w, u * step_bytes() + vv * 16));
+      a.shl(e.s4(), w.s4(), 16);                 // even k: low half -> fp32, exact
+      a.bic(w.s4(), aj::Imm(0xff), aj::Imm(8));  // odd k: the high half, low half cleared
+      a.bic(w.s4(), aj::Imm(0xff), aj::Imm(0));
+      for (int m = 0; m < mr_; ++m) a.fmla(acc(m, vv).s4(), e.s4(), x(m).s(0));
+      for (int m = 0; m < mr_; ++m) a.fmla(acc(m, vv).s4(), w.s4(), x(m).s(1));
+    }
+  }
+
+  // One K step: 4 k (integer) or one k pair (bf16) for every (row, vector) of the tile.
   void microkernel(int u) {
     auto& a = as();
+    if (bf16_ && !pairs_) {
+      microkernel_bf16_f32(u);
+      return;
+    }
     for (int vv = 0; vv < nv_; ++vv) load_weights(vv, u);
     for (int m = 0; m < mr_; ++m) {
-      if (bf16_ || dot_) {
+      if (pairs_ || dot_) {
         const VecV x = act(m);
-        a.ldr(a64::VecS(x.id()), a64::ptr(a_row(m), 4 * u));
+        a.ldr(a64::VecS(x.id()), a64::ptr(a_row(m), act_step_bytes() * u));
         for (int vv = 0; vv < nv_; ++vv) {
-          if (bf16_)
-            a.fmla(acc(m, vv).s4(), wreg(vv).s4(), x.s(0));
+          if (pairs_)  // acc += a[2p] * w[2p] + a[2p+1] * w[2p+1], rounded to odd (bfdot_lane)
+            a.bfdot(acc(m, vv).s4(), wreg(vv).h8(), x.h2(0));
           else
             a.sdot(acc(m, vv).s4(), wreg(vv).b16(), x.b4(0));
         }
@@ -401,7 +447,7 @@ class GemmA64 {
 
   const KernelKey key_;
   const int nv_, mr_;
-  const bool dot_, int4_, bf16_, prefill_;
+  const bool dot_, int4_, bf16_, pairs_, prefill_;
   ThrowingErrorHandler eh_;
   aj::CodeHolder code_;
   std::unique_ptr<a64::Assembler> a_;

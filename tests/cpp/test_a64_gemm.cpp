@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "formats/int8.hpp"
 #include "jit/gemm.hpp"
@@ -107,7 +108,26 @@ TEST(A64Gemm, GeneratesEveryNeonKernelOnAnyHost) {
               ++kernels;
             }
           }
+  // The bfdot pair kernels: bf16 prefill at neon_bf16, every tile.
+  for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+    for (int nv = 1; nv <= kStripVecs; ++nv) {
+      if (epi == Epilogue::siluup && nv % 2) continue;
+      for (int m = 1; m <= gemm_max_rows(IsaLevel::neon_bf16, WeightFormat::bf16); ++m) {
+        KernelKey key =
+            a64_key(IsaLevel::neon_bf16, KernelKind::gemm_prefill, m, nv, epi, WeightFormat::bf16);
+        key.variant = kBf16Pairs;
+        ASSERT_TRUE(bf16_pair_kernel(key));
+        auto k = KernelCache::generate_only(key);
+        ASSERT_GT(k->code.size(), 64u) << k->name;
+        ASSERT_NE(k->name.find("_neonbf16_"), std::string::npos) << k->name;
+        ASSERT_NE(k->name.find("_dpbf16"), std::string::npos) << k->name;
+        ++kernels;
+      }
+    }
   EXPECT_GT(kernels, 400u);
+  EXPECT_EQ(bf16_kgroup(IsaLevel::neon), 2);  // k-pair strips on every NEON level
+  EXPECT_EQ(bf16_kgroup(IsaLevel::neon_bf16), 2);
+  EXPECT_EQ(bf16_kgroup(IsaLevel::ref), 1);
   EXPECT_EQ(vec_lanes(IsaLevel::neon), 4);
   EXPECT_FALSE(int8_activation_offset(IsaLevel::neon_bf16));
   EXPECT_EQ(KernelCache::generate_only(a64_key(IsaLevel::neon_dotprod, KernelKind::gemm_decode, 1,
@@ -133,6 +153,13 @@ TEST(A64Gemm, RefusesWhatItDoesNotBuild) {
   EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon, KernelKind::gemm_decode, 1, 3,
                                                   Epilogue::siluup, WeightFormat::bf16)),
                std::invalid_argument);
+  // bfdot needs FEAT_BF16 (neon_bf16) and the executor's padded blocks (prefill).
+  for (auto [isa, kind] : {std::make_pair(IsaLevel::neon_dotprod, KernelKind::gemm_prefill),
+                           std::make_pair(IsaLevel::neon_bf16, KernelKind::gemm_decode)}) {
+    KernelKey key = a64_key(isa, kind, 6, 4, Epilogue::store, WeightFormat::bf16);
+    key.variant = kBf16Pairs;
+    EXPECT_THROW(KernelCache::generate_only(key), std::invalid_argument) << key.describe();
+  }
 }
 
 // ---- execution (AArch64 only) ---------------------------------------------------------------
@@ -167,7 +194,8 @@ Packed make_weights(const Problem& p) {
   pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources,
                                          bf16   ? 16
                                          : int4 ? 4
-                                                : 8);
+                                                : 8,
+                                         bf16 ? bf16_kgroup(p.isa) : 0);  // bf16: k pairs
   pk.w.resize(size_t(pk.layout.total_bytes()));
   pk.scale.resize(size_t(pk.layout.total_cols()));
   pk.comp.resize(size_t(pk.layout.total_cols()));
@@ -333,7 +361,8 @@ TEST(A64Gemm, SiluClampsAndSpecialValuesMatchReference) {
   if (levels.empty()) GTEST_SKIP() << "no NEON level selected";
   const float gates[8] = {-200.0f, -88.5f, -87.0f, -1e-20f, 0.0f, 3.5f, 87.9f, 300.0f};
   for (IsaLevel isa : levels) {
-    formats::StripLayout l = formats::StripLayout::make(8, 1, 4, kStripVecs, 2, 16);
+    formats::StripLayout l =
+        formats::StripLayout::make(8, 1, 4, kStripVecs, 2, 16, bf16_kgroup(isa));  // one k pair
     std::vector<float> ones(8, 1.0f);
     const float* ws[2] = {ones.data(), ones.data()};
     std::vector<uint16_t> w(size_t(l.total_bytes() / 2));
@@ -366,6 +395,216 @@ TEST(A64Gemm, SiluClampsAndSpecialValuesMatchReference) {
       ASSERT_EQ(0, std::memcmp(out_jit, out_ref, sizeof out_jit)) << "g=" << g << " " << k->name;
     }
   }
+}
+
+// ---- bfdot: the twin's lane rule and the pair kernels ---------------------------------------
+
+// Two floats that are bf16 values as a pair, element 2p in the low half.
+uint32_t bf_pair(float lo, float hi) {
+  return uint32_t(formats::f32_to_bf16(lo)) | uint32_t(formats::f32_to_bf16(hi)) << 16;
+}
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// bfdot_lane against hand-computed and float64 expectations: each case names what a wrong rule
+// (round to nearest even, one rounding, no flush, overflow to the largest finite) would give.
+TEST(A64BfdotLane, FollowsTheArmPseudoCode) {
+  const float one_up = 0x1.000002p0f;  // 1 + 2^-23, odd
+  // Round to odd, the final add: 1 + 2^-24 is a tie (RNE: 1.0); the truncation 1.0 is inexact,
+  // so its last bit is set.
+  EXPECT_EQ(bits(bfdot_lane(1.0f, bf_pair(0x1p-12f, 0), bf_pair(0x1p-12f, 0))), bits(one_up));
+  // Below half an ulp (3 * 2^-25 = 0.375 ulp): RNE 1.0, round to odd 1 + 2^-23.
+  EXPECT_EQ(bits(bfdot_lane(1.0f, bf_pair(0x1.8p-13f, 0), bf_pair(0x1p-12f, 0))), bits(one_up));
+  // Above half an ulp from an odd value: RNE rounds up to 1 + 2^-22, round to odd truncates.
+  EXPECT_EQ(bits(bfdot_lane(one_up, bf_pair(0x1.8p-12f, 0), bf_pair(0x1p-12f, 0))), bits(one_up));
+  // Round to odd, the pair sum: 2^24 + 1 needs 25 bits and becomes 2^24 + 2 (RNE: 2^24) before
+  // the accumulator -2^24 is added; one rounding of the whole sum would give 1.
+  EXPECT_EQ(bfdot_lane(-0x1p24f, bf_pair(0x1p12f, 1.0f), bf_pair(0x1p12f, 1.0f)), 2.0f);
+  // Exponent gaps: a far smaller term only sets the sticky (last) bit.
+  EXPECT_EQ(bits(bfdot_lane(1.0f, bf_pair(0x1p-30f, 0), bf_pair(0x1p-30f, 0))), bits(one_up));
+  // 2^60 - 1 truncates to the largest float below 2^60 (odd already); RNE gives 2^60.
+  EXPECT_EQ(bits(bfdot_lane(0x1p60f, bf_pair(-1.0f, 0), bf_pair(1.0f, 0))), 0x5d7fffffu);
+  // The gap inside the pair: 2^40 + 2^-40 rounds to 2^40 + 2^17, which survives the
+  // cancellation with -2^40 (float64 and RNE give 0).
+  EXPECT_EQ(bfdot_lane(-0x1p40f, bf_pair(0x1p20f, 0x1p-20f), bf_pair(0x1p20f, 0x1p-20f)), 0x1p17f);
+  // The pair's order does not matter (one commutative add), unlike vdpbf16ps's.
+  EXPECT_EQ(bfdot_lane(1.0f, bf_pair(-0x1p24f, 0x1p24f), bf_pair(1.0f, 1.0f)), 1.0f);
+  EXPECT_EQ(bfdot_lane(1.0f, bf_pair(0x1p24f, -0x1p24f), bf_pair(1.0f, 1.0f)), 1.0f);
+  // Flush to zero: bf16 subnormal inputs read as zero (sign kept), on either operand.
+  const float sub = 0x1p-130f;  // a bf16 subnormal
+  ASSERT_EQ(formats::f32_to_bf16(sub), 0x0008);
+  EXPECT_EQ(bfdot_lane(0.0f, bf_pair(sub, 0), bf_pair(0x1p100f, 0)), 0.0f);
+  EXPECT_EQ(bfdot_lane(0.0f, bf_pair(0, 0x1p100f), bf_pair(0, -sub)), 0.0f);
+  // A subnormal accumulator reads as zero: 2^-127 + 2^-126 gives 2^-126 (float64: 1.5 * 2^-126).
+  EXPECT_EQ(bfdot_lane(0x1p-127f, bf_pair(0x1p-63f, 0), bf_pair(0x1p-63f, 0)), 0x1p-126f);
+  // Results below 2^-126 flush to zero, sign kept: a product (2^-128) and a sum (+-2^-127).
+  EXPECT_EQ(bits(bfdot_lane(0.0f, bf_pair(0x1p-64f, 0), bf_pair(0x1p-64f, 0))), 0u);
+  EXPECT_EQ(bfdot_lane(0.0f, bf_pair(0x1p-63f, 0), bf_pair(0x1p-63f, 0)), 0x1p-126f);
+  EXPECT_EQ(bits(bfdot_lane(0x1.8p-126f, bf_pair(-0x1p-63f, 0), bf_pair(0x1p-63f, 0))), 0u);
+  EXPECT_EQ(bits(bfdot_lane(-0x1.8p-126f, bf_pair(0x1p-63f, 0), bf_pair(0x1p-63f, 0))),
+            0x80000000u);
+  // Signed zeros: x + (-x) is +0; -0 + -0 stays -0.
+  EXPECT_EQ(bits(bfdot_lane(-3.0f, bf_pair(1.5f, 0), bf_pair(2.0f, 0))), 0u);
+  EXPECT_EQ(bits(bfdot_lane(-0.0f, bf_pair(-0.0f, -0.0f), bf_pair(1.0f, 1.0f))), 0x80000000u);
+  // Overflow goes to infinity (round to odd of FCVTXN would stop at the largest finite)...
+  const float fmax = 0x1.fffffep127f;
+  EXPECT_EQ(bfdot_lane(0.0f, bf_pair(0x1p100f, 0), bf_pair(0x1p100f, 0)), INFINITY);
+  EXPECT_EQ(bfdot_lane(fmax, bf_pair(0x1p52f, 0), bf_pair(0x1p52f, 0)), INFINITY);  // = 2^128
+  // ...but only when the exact value reaches 2^128: fmax + half an ulp truncates to fmax (RNE:
+  // a tie from an odd value, rounded up to infinity).
+  EXPECT_EQ(bfdot_lane(fmax, bf_pair(0x1p52f, 0), bf_pair(0x1p51f, 0)), fmax);
+  EXPECT_EQ(bfdot_lane(-fmax, bf_pair(-0x1p52f, 0), bf_pair(0x1p52f, 0)), -INFINITY);
+  // Any NaN gives the default NaN: NaN inputs, inf * 0, inf - inf.
+  EXPECT_EQ(bits(bfdot_lane(1.0f, 0xffa1u, bf_pair(1.0f, 0))), 0x7fc00000u);
+  EXPECT_EQ(bits(bfdot_lane(NAN, 0, 0)), 0x7fc00000u);
+  EXPECT_EQ(bits(bfdot_lane(1.0f, bf_pair(INFINITY, 0), bf_pair(0, 0))), 0x7fc00000u);
+  EXPECT_EQ(bits(bfdot_lane(-INFINITY, bf_pair(INFINITY, 0), bf_pair(1.0f, 0))), 0x7fc00000u);
+  // Plain values: 1 * 2 + 3 * 4 + 0.5.
+  EXPECT_EQ(bfdot_lane(0.5f, bf_pair(1.0f, 3.0f), bf_pair(2.0f, 4.0f)), 14.5f);
+  // Random lanes against float64: where the pair sum is exact in fp32 (both products' exponents
+  // within 7) and the accumulator within 20 binades of it (so the whole sum is exact in float64),
+  // the result is the exact sum when that is a float, else the odd one of the two floats around
+  // it: the definition of round to odd, checked without the twin's code.
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> ex(-40, 40), mant(0, 127), gap(0, 7), shift(-20, 20);
+  auto bf = [&](int e) {
+    return std::ldexp(1.0f + float(mant(rng)) / 128, e) * (rng() % 2 ? -1.0f : 1.0f);
+  };
+  size_t inexact = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const int e = ex(rng);
+    const float a0 = bf(e), b0 = bf(0), a1 = bf(e - gap(rng)), b1 = bf(0);
+    const float acc = std::ldexp(float(int(rng() % (1u << 24)) + 1), e + shift(rng) - 24) *
+                      (rng() % 2 ? -1.0f : 1.0f);
+    const double pair = double(a0) * b0 + double(a1) * b1;
+    ASSERT_EQ(double(float(pair)), pair) << "the pair sum should be exact here";
+    const double exact = double(acc) + pair;
+    const float r = bfdot_lane(acc, bf_pair(a0, a1), bf_pair(b0, b1));
+    float lo = float(exact), hi;  // the floats around the exact sum
+    if (double(lo) == exact) {
+      ASSERT_EQ(r, lo) << i;
+      continue;
+    }
+    ++inexact;
+    if (double(lo) > exact) {
+      hi = lo;
+      lo = std::nextafter(hi, -INFINITY);
+    } else {
+      hi = std::nextafter(lo, INFINITY);
+    }
+    ASSERT_TRUE(double(lo) < exact && exact < double(hi)) << i;
+    ASSERT_TRUE(r == lo || r == hi) << i << ": " << acc << " + " << pair;
+    ASSERT_EQ(bits(r) & 1, 1u) << i << ": " << acc << " + " << pair;
+  }
+  EXPECT_GT(inexact, 50000u);
+}
+
+// The bfdot pair kernels (neon_bf16, prefill, kBf16Pairs) against gemm_ref's twin bit for bit:
+// every tile of 1..6 rows (the executor uses 6, padding the last block), one and two blocks, odd
+// and even K (an odd K ends with a zero k in the strip and in the rows), full and tail strips, the
+// three epilogues; activations and weights include bf16 subnormals and tiny and huge values so
+// the flushes and the rounding of big terms are exercised.
+TEST(A64Gemm, BfdotPairKernelsMatchReferenceBitwise) {
+#if !defined(__aarch64__)
+  GTEST_SKIP() << "runs generated AArch64 code: an AArch64 host or qemu-aarch64 "
+                  "(tests/emu/run_aarch64.sh)";
+#else
+  if (selected_isa() != IsaLevel::neon_bf16)
+    GTEST_SKIP() << "this CPU (or KT_JIT_ISA) lacks BF16 (HWCAP2_BF16): bfdot kernels need "
+                    "neon_bf16, selected "
+                 << isa_name(selected_isa()) << " (qemu-aarch64 -cpu max has it)";
+  const int64_t Ns[] = {4, 12, 16, 40};
+  const int64_t Ks[] = {1, 2, 7, 10, 33};
+  uint32_t seed = 900;
+  size_t checked = 0;
+  std::vector<std::string> names;
+  for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+    for (int m_r = 1; m_r <= 6; ++m_r)
+      for (int64_t blocks : {1, 2})
+        for (int64_t N : Ns)
+          for (int64_t K : Ks) {
+            const int64_t M = m_r * blocks;
+            Problem p{IsaLevel::neon_bf16, WeightFormat::bf16, epi, M, N, K, ++seed};
+            Packed pk = make_weights(p);
+            // Random weights with special values mixed in: subnormal, tiny and huge bf16.
+            std::mt19937 rng(seed);
+            uint16_t* w16 = reinterpret_cast<uint16_t*>(pk.w.data());
+            const auto& l = pk.layout;
+            for (int64_t i = 0; i < l.total_bytes() / 2; ++i) {
+              if (w16[i] == 0) continue;  // padding stays zero
+              const uint32_t r = rng() % 64;
+              if (r == 0) w16[i] = uint16_t(0x0001 + rng() % 0x7f);       // subnormal
+              if (r == 1) w16[i] = uint16_t((w16[i] & 0x807f) | 0x0080);  // 2^-126 range
+              if (r == 2) w16[i] = uint16_t((w16[i] & 0x807f) | 0x7180);  // ~2^100
+            }
+            const int64_t lda = l.padded_k() * 2 + 16;  // bf16 rows, zero past K
+            std::vector<int8_t> a(size_t(M * lda), 0);
+            const std::vector<float> af = test::random_floats(size_t(M * K), seed + 5, 1.0f);
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t k = 0; k < K; ++k) {
+                uint16_t h = formats::f32_to_bf16(af[size_t(m * K + k)]);
+                const uint32_t r = rng() % 64;
+                if (r == 0) h = uint16_t(0x8001 + rng() % 0x7f);
+                if (r == 1) h = uint16_t((h & 0x807f) | 0x0200);  // ~2^-122
+                std::memcpy(&a[size_t(m * lda + k * 2)], &h, 2);
+              }
+            const std::vector<float> as(size_t(M), 1.0f);
+            const std::vector<float> rw = test::random_floats(size_t(M), seed + 3, 1.0f);
+            const int64_t stride = l.total_cols() + 16;
+            std::vector<float> jit_buf = test::random_floats(size_t(M * stride), seed + 4, 0.5f);
+            std::vector<float> ref_buf = jit_buf;
+            std::vector<float*> jit_rows, ref_rows;
+            for (int64_t m = 0; m < M; ++m) {
+              jit_rows.push_back(jit_buf.data() + ((m * 5) % M) * stride);
+              ref_rows.push_back(ref_buf.data() + ((m * 5) % M) * stride);
+            }
+            const int full_cols = l.strip_cols(l.strip_vecs);
+            const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, epi);
+            for (bool ref : {false, true})
+              for (int part = 0; part < 2; ++part) {
+                const int64_t s0 = part ? l.full_strips : 0;
+                const int64_t ns = part ? (l.tail_vecs ? 1 : 0) : l.full_strips;
+                if (ns == 0) continue;
+                KernelKey key = a64_key(p.isa, KernelKind::gemm_prefill, m_r,
+                                        part ? l.tail_vecs : l.strip_vecs, epi, p.fmt);
+                key.variant = kBf16Pairs;
+                GemmArgs args{};
+                args.a = a.data();
+                args.lda = lda;
+                args.w = pk.w.data() + l.strip_offset(s0);
+                args.n_strips = ns;
+                args.k4 = l.k4;  // k pairs
+                args.a_scale = as.data();
+                args.w_scale = pk.scale.data() + s0 * full_cols;
+                args.w_comp = pk.comp.data() + s0 * full_cols;
+                args.out_rows = ref ? ref_rows.data() : jit_rows.data();
+                args.out_col = s0 * out_full;
+                args.row_weight = rw.data();
+                args.m_blocks = blocks;
+                if (ref) {
+                  gemm_ref(key, args);
+                  continue;
+                }
+                const Kernel* k = KernelCache::instance().get(key);
+                ASSERT_NE(k, nullptr) << key.name();
+                names.push_back(k->name);
+                reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()))(&args);
+              }
+            ASSERT_EQ(0, std::memcmp(jit_buf.data(), ref_buf.data(), jit_buf.size() * 4))
+                << p.repro() << " m_r=" << m_r << " blocks=" << blocks;
+            ++checked;
+          }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  EXPECT_GE(names.size(), 30u);
+  std::printf(
+      "a64: bfdot pair kernels at neon_bf16: %zu problems, %zu kernels, the same bits as "
+      "gemm_ref's bfdot_lane\n",
+      checked, names.size());
+#endif
 }
 
 }  // namespace

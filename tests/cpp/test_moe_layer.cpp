@@ -2,7 +2,9 @@
 // thread-count independence, run-to-run determinism, skipped ids.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -116,6 +118,67 @@ TEST(MoELayer, Bf16PairTierMatchesReferenceAndPadsTheLastBlock) {
     EXPECT_EQ(long_experts, std::memcmp(a.data(), f.data(), a.size() * 4) != 0) << where;
     ASSERT_EQ(test::InterpretedExecutor::errors(), "") << where;
   }
+}
+
+// BF16 at neon_bf16: experts with >= 6 rows run the bfdot pair kernels on all their rows (the
+// last 6-row block padded); the layer equals its twin (gemm_ref's bfdot_lane) bit for bit, with 1
+// and 2 threads, and differs from the fp32-activation kernels of neon_dotprod exactly when some
+// expert is that long.
+TEST(MoELayer, NeonBf16PairTierMatchesReferenceAndPadsTheLastBlock) {
+#if !defined(__aarch64__)
+  GTEST_SKIP() << "runs generated AArch64 code: an AArch64 host or qemu-aarch64 "
+                  "(tests/emu/run_aarch64.sh)";
+#else
+  if (selected_isa() != IsaLevel::neon_bf16)
+    GTEST_SKIP() << "this CPU (or KT_JIT_ISA) lacks BF16 (HWCAP2_BF16): the bfdot tier needs "
+                    "neon_bf16, selected "
+                 << isa_name(selected_isa()) << " (qemu-aarch64 -cpu max has it)";
+  const Case cases[] = {{{16, 4, 96, 40}, 40},  // ~10 rows an expert: 2 blocks, padded
+                        {{4, 3, 64, 24}, 41},   // ~30 rows
+                        {{16, 2, 100, 44}, 9},  // ~1 row: fp32 kernels only
+                        {{6, 2, 36, 20}, 18}};  // 2 experts of exactly 6 rows (one block,
+                                                // no padding), the others 0..4 rows: fp32
+  ThreadPool p1(1, 1), p2(2, 1);
+  uint32_t seed = 800;
+  int long_cases = 0, short_cases = 0;
+  for (const Case& c : cases) {
+    Data d = make_data(c, seed++);
+    MoELayer layer(c.shape, "BF16", IsaLevel::neon_bf16);
+    MoELayer fp32(c.shape, "BF16", IsaLevel::neon_dotprod);
+    bool has_tier = false;
+    for (const std::string& n : layer.kernel_names())
+      has_tier = has_tier || n.find("_neonbf16_m6n16_siluup_dpbf16") != std::string::npos;
+    EXPECT_TRUE(has_tier) << "no bfdot tile kernel in the layer";
+    for (MoELayer* l : {&layer, &fp32})
+      l->load_from_float(d.gate.data(), d.up.data(), d.down.data(), SourceDType::f32, nullptr, p2);
+    const auto ref = run(layer, c, d, p1, true);
+    const auto a = run(layer, c, d, p1, false);
+    const auto b = run(layer, c, d, p2, false);
+    const auto f = run(fp32, c, d, p1, false);
+    // The longest expert the layer runs (valid ids, not on the GPU).
+    std::vector<int64_t> rows(size_t(c.shape.experts), 0);
+    for (int64_t e : d.ids)
+      if (e >= 0 && e < c.shape.experts && !d.mask[size_t(e)]) ++rows[size_t(e)];
+    const int64_t longest = *std::max_element(rows.begin(), rows.end());
+    const std::string where = "T=" + std::to_string(c.T) + " H=" + std::to_string(c.shape.hidden) +
+                              " longest expert " + std::to_string(longest);
+    ASSERT_EQ(0, std::memcmp(a.data(), ref.data(), a.size() * 4)) << where;
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "1 vs 2 threads " << where;
+    EXPECT_EQ(longest >= 6, std::memcmp(a.data(), f.data(), a.size() * 4) != 0) << where;
+    // bf16 activations cost about 2^-9 relative per activation, not more.
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num += std::fabs(double(a[i]) - f[i]);
+      den += std::fabs(double(f[i]));
+    }
+    EXPECT_LT(num, 1e-2 * den) << where;
+    std::printf("a64: bfdot tier: %s, relative L1 against the fp32 kernels %.2e\n", where.c_str(),
+                num / den);
+    (longest >= 6 ? long_cases : short_cases)++;
+  }
+  EXPECT_GE(long_cases, 2);
+  EXPECT_GE(short_cases, 1);
+#endif
 }
 
 TEST(MoELayer, AllSlotsSkippedGivesZero) {

@@ -21,7 +21,8 @@ needs_objdump = pytest.mark.skipif(
         ("neon_dotprod", "AMXINT8", "sdot"),  # dot-product level
         ("neon", "AMXINT8", "smull2"),  # widening path without dotprod
         ("neon_bf16", "AMXINT4", "sdot"),
-        ("neon", "BF16", "shll"),  # bf16 -> fp32 widening, then fmla
+        ("neon", "BF16", "shl"),  # bf16 k pairs -> fp32 (shl #16, bic), then fmla
+        ("neon_bf16", "BF16", "bfdot"),  # the pair tier: bfdot on bf16 activations
     ],
 )
 def test_dump_prints_aarch64_kernels(capsys, isa, method, mnemonic):
@@ -36,7 +37,8 @@ def test_dump_prints_aarch64_kernels(capsys, isa, method, mnemonic):
     # AArch64, not x86: no x86 register names in the disassembly
     assert "zmm" not in out and "rsp" not in out
     if method == "BF16":
-        assert "\tfmla\tv" in out
+        assert "\tfmla\tv" in out  # decode keeps fp32 activations
+        assert "\tbic\tv" in out
 
 
 def test_dump_generates_without_disassembly(capsys):
