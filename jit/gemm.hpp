@@ -106,6 +106,12 @@ void set_gemm_runner(GemmRunner runner);
 bool gemm_runner_installed();  // MoELayer then accepts levels above the selected one
 void run_gemm_kernel(const Kernel& kernel, const GemmArgs& args);
 
+// Whether `fmt` is an MX format (power-of-two scales per 32-wide K group, fp32 activations;
+// bf16 ones in AMX-BF16 tiles).
+inline bool is_mx_format(WeightFormat fmt) {
+  return fmt == WeightFormat::mxfp4 || fmt == WeightFormat::mxfp8;
+}
+
 // VNNI levels (vpdpbusd multiplies unsigned by signed bytes) take activations stored as
 // a + 128 (the int8 byte XOR 0x80); the other levels take the int8 bytes as they are.
 // NEON levels (sdot is signed x signed; the widening path too) take plain int8.
@@ -147,9 +153,9 @@ inline bool decode_group_accumulate(const KernelKey& key) {
 inline bool mx_int16_activations(const KernelKey& key) {
   return key.format == WeightFormat::mxfp4 && decode_group_accumulate(key);
 }
-// bf16 kernels that take bf16 activation pairs and the strip re-laid as k pairs in
-// GemmArgs::scratch (K even): AMX-BF16 tiles at isa amx, and the kBf16Pairs prefill kernels
-// (vdpbf16ps) at avx512_bf16.
+// bf16 kernels that take bf16 activation pairs and read the k-pair strip in place (K even):
+// AMX-BF16 tiles at isa amx, and the kBf16Pairs prefill kernels
+// (vdpbf16ps) at avx512_bf16 and (bfdot, reading the k-pair strip in place) at neon_bf16.
 inline bool bf16_pair_kernel(const KernelKey& key) {
   return key.format == WeightFormat::bf16 && key.kind == KernelKind::gemm_prefill &&
          (key.isa == IsaLevel::amx || (key.variant & kBf16Pairs));
@@ -166,12 +172,40 @@ inline bool bf16_pair_kernel(const KernelKey& key) {
 inline bool fp8_pair_kernel(const KernelKey& key) {
   return key.format == WeightFormat::fp8 && (key.variant & kBf16Pairs);
 }
-// fp8 pair prefill kernels: they need GemmArgs::scratch for the strip decoded to bf16 pairs.
+// AMX-BF16 kernels of fp8, mxfp4 and mxfp8 (isa amx, prefill): each strip is decoded into
+// GemmArgs::scratch as bf16 k pairs ([k/2][column][2], K even), then run as AMX-BF16 tiles over
+// bf16 activation rows (rounded RNE by the caller). The bf16 weight of (k, column):
+//   fp8:  bf16(fp8_value(b)), exact; per K group (g_steps, the last one possibly shorter) the
+//         TDPBF16PS chain starts at zero and is folded, acc = fma(g, scale, acc) (acc from +0);
+//         y = (a_scale * w_scale) * acc.
+//   mx:   the top 16 bits of the fp32 product value * scale (value as gemm_ref_mx reads it:
+//         mx_e2m1 or mx_e4m3_scaled; scale = bits e << 23), exact unless the product is an fp32
+//         subnormal, which TDPBF16PS reads as zero anyway; one chain over all of K; y = acc.
+// The chains run in blocks of 16 pairs from each group's start, as the tile model computes
+// TDPBF16PS (amx::tdpbf16ps_element).
+inline bool amx_decoded_weight(const KernelKey& key) {
+  return key.isa == IsaLevel::amx && key.kind == KernelKind::gemm_prefill &&
+         (key.format == WeightFormat::fp8 || is_mx_format(key.format));
+}
+// Kernels that need GemmArgs::scratch (k4 * 32 * n_vec bytes) for the strip decoded to bf16
+// pairs: fp8 pair prefill and the AMX-BF16 kernels of decoded formats.
 inline bool scratch_pair_kernel(const KernelKey& key) {
-  return fp8_pair_kernel(key) && key.kind == KernelKind::gemm_prefill;
+  return (fp8_pair_kernel(key) && key.kind == KernelKind::gemm_prefill) || amx_decoded_weight(key);
+}
+// AMX-INT8 kernels of int4 (isa amx, prefill): each strip's nibbles are decoded into
+// GemmArgs::scratch as the int8 strip of the values 16 * q4 ([k4][column][4], exact), then run as
+// the int8 ones (a + 128 activations, w_comp): gemm_ref's int4 numbers, bit for bit.
+inline bool amx_int4_kernel(const KernelKey& key) {
+  return key.isa == IsaLevel::amx && key.kind == KernelKind::gemm_prefill &&
+         key.format == WeightFormat::int4;
+}
+// Bytes of GemmArgs::scratch a kernel needs for `k4` K steps (0: it reads none).
+inline int64_t gemm_scratch_bytes(const KernelKey& key, int64_t k4) {
+  if (amx_int4_kernel(key)) return k4 * 64 * key.n_vec;
+  return scratch_pair_kernel(key) ? k4 * 32 * key.n_vec : 0;
 }
 // Prefill kernels that take bf16 activation rows in whole blocks of m_r rows (the executor pads
-// the last block): bf16 pair kernels and fp8 pair prefill.
+// the last block): bf16 pair kernels, fp8 pair prefill and the AMX kernels of decoded formats.
 inline bool block_pair_kernel(const KernelKey& key) {
   return bf16_pair_kernel(key) || scratch_pair_kernel(key);
 }
@@ -255,10 +289,6 @@ inline float mx_e2m1(uint8_t nib) {
 // sign << 15 | (b & 0x7f) << 7, widened exactly); 0x7f / 0xff (NaN in e4m3fn) give +-480 * 2^-8.
 inline float mx_e4m3_scaled(uint8_t b) {
   return fp8_value(b) * 0.00390625f;  // exact: a power of two, no underflow (>= 2^-17)
-}
-// Whether `fmt` is an MX format (power-of-two scales per 32-wide K group, fp32 activations).
-inline bool is_mx_format(WeightFormat fmt) {
-  return fmt == WeightFormat::mxfp4 || fmt == WeightFormat::mxfp8;
 }
 
 }  // namespace ktjit

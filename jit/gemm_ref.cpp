@@ -8,6 +8,7 @@
 
 #include "formats/mx.hpp"
 #include "jit/amx_model.hpp"
+#include "jit/bits.hpp"
 #include "jit/gemm.hpp"
 
 namespace ktjit {
@@ -291,9 +292,86 @@ void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
     }
   }
 }
+
+// AMX-BF16 (isa amx: bf16, and fp8 / mx decoded as jit/gemm.hpp amx_decoded_weight says): per
+// strip, the bf16 k pairs [k/2][column][2], then per element the TDPBF16PS chains (blocks of 16
+// pairs from each group's start; one group unless fp8) and, for fp8, the per-group fold.
+void gemm_ref_amx(const KernelKey& key, const GemmArgs& args) {
+  const WeightFormat f = key.format;
+  const bool fp8 = f == WeightFormat::fp8, fp4 = f == WeightFormat::mxfp4;
+  const int lanes = vec_lanes(key.isa);
+  const int cols = key.n_vec * lanes;
+  const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
+  const int64_t K = f == WeightFormat::bf16 ? 2 * args.k4 : args.k4, pairs = K / 2;
+  // fp8: k pairs of a group; the others one chain over all of K
+  const int64_t gp = fp8 ? std::min(args.g_steps, K) / 2 : pairs;
+  auto top16 = [](float x) { return uint16_t(f32_to_bits(x) >> 16); };
+  std::vector<uint16_t> wd(size_t(pairs * cols * 2));  // the strip as bf16 k pairs
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(args.w);
+  for (int64_t s = 0; s < args.n_strips; ++s) {
+    if (f == WeightFormat::bf16) {  // x86 bf16 strips are k pairs already
+      std::memcpy(wd.data(), w, wd.size() * 2);
+      w += wd.size() * 2;
+    } else if (fp8) {  // [k][column] bytes
+      for (int64_t k = 0; k < K; ++k)
+        for (int n = 0; n < cols; ++n)
+          wd[size_t(((k / 2) * cols + n) * 2 + k % 2)] = top16(fp8_value(w[k * cols + n]));
+      w += K * cols;
+    } else {  // mx: per 32-k group the exponent bytes, then the weights (gemm_ref_mx)
+      for (int64_t g = 0; g < K / 32; ++g) {
+        for (int64_t kl = 0; kl < 32; ++kl)
+          for (int n = 0; n < cols; ++n) {
+            const float scale = f32_from_bits(uint32_t(w[n]) << 23);
+            float v;
+            if (fp4) {
+              const uint8_t b = w[cols + ((kl / 8) * cols + n) * 4 + (kl % 8) / 2];
+              v = mx_e2m1(kl % 2 ? b >> 4 : b & 0x0f);
+            } else {
+              v = mx_e4m3_scaled(w[cols + kl * cols + n]);
+            }
+            const int64_t k = g * 32 + kl;
+            wd[size_t(((k / 2) * cols + n) * 2 + k % 2)] = top16(v * scale);
+          }
+        w += cols + (fp4 ? 16 : 32) * cols;
+      }
+    }
+    const float* wscale = args.w_scale + s * cols;
+    const float* gs = fp8 ? args.w_gscale + s * args.g_per_strip * 2 * lanes : nullptr;
+    const int64_t col0 = args.out_col + s * out_cols;
+    for (int64_t m = 0; m < args.m_blocks * key.m_r; ++m) {
+      const uint16_t* a16 = reinterpret_cast<const uint16_t*>(args.a + m * args.lda);
+      float y[64];
+      for (int n = 0; n < cols; ++n) {
+        const int half = key.epilogue == Epilogue::siluup && n >= cols / 2 ? 1 : 0;
+        float acc = 0.0f;
+        for (int64_t g0 = 0; g0 < pairs; g0 += gp) {
+          const int64_t gl = std::min(gp, pairs - g0);
+          float g = fp8 ? 0.0f : acc;  // fp8: the C tile starts at zero per group
+          for (int64_t p0 = 0; p0 < gl; p0 += 16) {
+            const int kk = int(std::min<int64_t>(16, gl - p0));
+            uint16_t b[32];
+            for (int i = 0; i < kk; ++i) {
+              b[2 * i] = wd[size_t(((g0 + p0 + i) * cols + n) * 2)];
+              b[2 * i + 1] = wd[size_t(((g0 + p0 + i) * cols + n) * 2 + 1)];
+            }
+            g = amx::tdpbf16ps_element(g, a16 + 2 * (g0 + p0), b, 2, kk);
+          }
+          acc = fp8 ? std::fma(g, gs[((g0 / gp) * 2 + half) * lanes], acc) : g;
+        }
+        y[n] = fp8 ? (args.a_scale[m] * wscale[n]) * acc : acc;
+      }
+      write_out(key, args, m, col0, y, cols);
+    }
+  }
+}
 }  // namespace
 
 void gemm_ref(const KernelKey& key, const GemmArgs& args) {
+  if (key.isa == IsaLevel::amx && key.format != WeightFormat::int8 &&
+      key.format != WeightFormat::int4) {  // int8 / int4 AMX: the VNNI numbers below
+    gemm_ref_amx(key, args);
+    return;
+  }
   if (key.format == WeightFormat::qgroup) {
     gemm_ref_qgroup(key, args);
     return;
@@ -326,26 +404,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
         const int64_t m = b * rows + r;
         const int8_t* a = args.a + m * args.lda;
         float y[64];
-        for (int n = 0; n < cols && bf16 && key.isa == IsaLevel::amx; ++n) {
-          // AMX-BF16: bf16 activations; one TDPBF16PS per block of 16 k pairs (then the tail),
-          // as the SDM's pseudo-code (and the tile model) computes each element.
-          const uint16_t* a16 = reinterpret_cast<const uint16_t*>(a);
-          const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
-          const int64_t pairs = bf16_k / 2;
-          float acc = 0.0f;
-          for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
-            const int kk = int(std::min<int64_t>(16, pairs - p0));
-            uint16_t b[32];
-            for (int i = 0; i < kk; ++i) {
-              b[2 * i] = wb[wi(2 * (p0 + i), n)];
-              b[2 * i + 1] = wb[wi(2 * (p0 + i) + 1, n)];
-            }
-            acc = amx::tdpbf16ps_element(acc, a16 + 2 * p0, b, 2, kk);
-          }
-          y[n] = acc;
-        }
         for (int n = 0; n < cols && bf16 && (key.variant & kBf16Pairs); ++n) {
-          // vdpbf16ps: bf16 activation pairs, one lane's chain over the k pairs (K even).
           // vdpbf16ps (x86) or bfdot (neon_bf16): bf16 activation pairs, one lane's chain over
           // the k pairs.
           const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);
@@ -354,7 +413,6 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           float acc = 0.0f;
           for (int64_t p = 0; p < bf16_k / 2; ++p) {
             const uint32_t b = uint32_t(wb[wi(2 * p, n)]) | uint32_t(wb[wi(2 * p + 1, n)]) << 16;
-            acc = vdpbf16ps_lane(acc, a32[p], b);
             acc = neon ? bfdot_lane(acc, a32[p], b) : vdpbf16ps_lane(acc, a32[p], b);
           }
           y[n] = acc;

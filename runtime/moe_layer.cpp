@@ -272,12 +272,13 @@ const char* built_methods() {
 
 GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs,
                                    uint8_t variant, bool k_pairs) {
-  // amx: AMX-INT8 (int8) and AMX-BF16 (bf16) prefill tiles for experts with >= 16 rows
-  // (docs/ARCHITECTURE.md "AMX"); decode, short experts, remainders and the other formats run the
-  // avx512_bf16 kernels. avx512_bf16 (native): bf16 experts with >= kBf16PairMinRows rows run
-  // vdpbf16ps pair kernels (the strip re-laid as k pairs once per strip pays off from ~2 blocks).
-  // fp8 at avx512_bf16 (and amx): decode of 1-4 rows through vdpbf16ps (fp8_pair_kernel), when
-  // K and the scale group are even (k_pairs); wider tiles keep the fp32 kernels.
+  // amx: AMX-INT8 (int8) and AMX-BF16 (bf16, fp8, mxfp4, mxfp8) prefill tiles for experts with
+  // >= 16 rows (docs/ARCHITECTURE.md "AMX"); decode, short experts, remainders and the other
+  // formats run the avx512_bf16 kernels. avx512_bf16 (native): bf16 experts with >=
+  // kBf16PairMinRows rows run vdpbf16ps pair kernels (the strip re-laid as k pairs once per strip
+  // pays off from ~2 blocks). fp8 at avx512_bf16 (and amx): decode of 1-4 rows through vdpbf16ps
+  // (fp8_pair_kernel), when K and the scale group are even (k_pairs); wider tiles keep the fp32
+  // kernels. fp8 prefill pair tiles: vdpbf16ps at avx512_bf16, AMX-BF16 at amx.
   const bool amx = isa == IsaLevel::amx;
   if (amx) isa = IsaLevel::avx512_bf16;
   GemmKernelSet ks;
@@ -304,7 +305,11 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
   }
   ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kStripVecs);
   ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
-  if (amx && (fmt == WeightFormat::int8 || fmt == WeightFormat::bf16)) {
+  // AMX-BF16 for fp8 and mx decodes each strip to bf16 pairs first (jit/gemm.hpp
+  // amx_decoded_weight), so those take the AMX tiles from 16 rows too (fp8: K and group even).
+  // int4 decodes its strip to int8 first (jit/gemm.hpp amx_int4_kernel).
+  if (amx && (fmt == WeightFormat::int8 || fmt == WeightFormat::int4 || fmt == WeightFormat::bf16 ||
+              is_mx_format(fmt) || (fmt == WeightFormat::fp8 && k_pairs))) {
     ks.tile_rows = ks.tile_min_rows = 16;
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
@@ -742,13 +747,14 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     gsum = gs.data();
   }
   // pair tier (bf16: AMX-BF16 at isa amx, vdpbf16ps at avx512_bf16; fp8: vdpbf16ps at
-  // avx512_bf16 and amx; >= tile_min_rows rows, K even): the kernels take bf16 activations,
-  // rounded here (RNE) once per call, and fp8 a per-thread scratch for the strip decoded to bf16
-  // pairs (bf16 strips are k pairs already). All rows go there: the last block is padded with zero
-  // rows whose outputs land in a per-thread dummy row (routing weight 0), which costs less than
-  // streaming the strip through the fp32 kernels again for the remainder.
-  const bool bf16_pairs = ks.tile_rows &&
-                          (format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8) &&
+  // avx512_bf16, AMX-BF16 at amx; mx: AMX-BF16 at amx; >= tile_min_rows rows, K even): the
+  // kernels take bf16 activations, rounded here (RNE) once per call, and fp8 / mx a per-thread
+  // scratch for the strip decoded to bf16 pairs (bf16 strips are k pairs already). All rows go
+  // there: the last block is padded with zero rows whose outputs land in a per-thread dummy row
+  // (routing weight 0), which costs less than streaming the strip through the fp32 kernels again
+  // for the remainder. At neon_bf16 the bf16 pair tier runs bfdot (jit/aarch64/gemm_a64.cpp), the
+  // same way.
+  const bool bf16_pairs = ks.tile_rows && block_pair_kernel(ks.tile_full) &&
                           rows >= ks.tile_min_rows && layout.k % 2 == 0;
   static thread_local std::vector<uint16_t> a16;
   static thread_local std::vector<uint8_t> pair_scratch;
@@ -760,7 +766,6 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     a16.assign(size_t(pair_rows * K), 0);
     for (int64_t r = 0; r < rows; ++r)
       formats::f32_to_bf16_row(reinterpret_cast<const float*>(a + r * lda), K, &a16[size_t(r * K)]);
-    if (format_ == WeightFormat::fp8) pair_scratch.resize(size_t(layout.k4 * 32 * kStripVecs));
     // The dummy row is as wide as the widest column this call writes.
     pair_dummy.resize(size_t(out_col0 + (layout.full_strips + 1) * out_full));
     pair_out.assign(out_rows, out_rows + rows);
@@ -768,6 +773,10 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     pair_weight.assign(size_t(pair_rows), 0.0f);
     if (row_weight) std::copy(row_weight, row_weight + rows, pair_weight.begin());
   }
+  // The tile kernels' per-thread scratch (a strip decoded once for all of its M blocks).
+  if (ks.tile_rows && rows >= ks.tile_min_rows)
+    if (const int64_t bytes = gemm_scratch_bytes(ks.tile_full, layout.k4))
+      if (pair_scratch.size() < size_t(bytes)) pair_scratch.resize(size_t(bytes));
   int64_t i16_row0 = -1;   // first row of the int16 codes converted in this call (mxfp4 decode)
   int64_t bf16_row0 = -1;  // likewise for the bf16 rows of the fp8 pair kernels
   auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
@@ -779,8 +788,8 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     if (block_pair_kernel(key)) {
       args.a = reinterpret_cast<const int8_t*>(a16.data() + row0 * layout.k);
       args.lda = layout.k * 2;
-      if (scratch_pair_kernel(key)) args.scratch = pair_scratch.data();
     }
+    if (gemm_scratch_bytes(key, 1)) args.scratch = pair_scratch.data();
     float* const* rows_out = block_pair_kernel(key) ? pair_out.data() : out_rows;
     const float* rows_weight = block_pair_kernel(key) ? pair_weight.data() : row_weight;
     if (fp8_pair_kernel(key) && !block_pair_kernel(key)) {
@@ -854,8 +863,7 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       n = std::min(chunk, s1 - c0);
       int64_t row = 0;
       if (ks.tile_rows && rows >= ks.tile_min_rows &&
-          (format_ != WeightFormat::bf16 || bf16_pairs) &&
-          (format_ != WeightFormat::fp8 || bf16_pairs)) {  // the tile tier, then the rest
+          (!block_pair_kernel(ks.tile_full) || bf16_pairs)) {  // the tile tier, then the rest
         const int64_t blocks = (bf16_pairs ? pair_rows : rows) / ks.tile_rows;
         call(tail ? ks.tile_tail : ks.tile_full,
              ref ? nullptr : (tail ? ks.tile_tail_k : ks.tile_full_k), c0, n, 0, blocks);

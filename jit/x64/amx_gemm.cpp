@@ -10,13 +10,28 @@
 //   tmm4+v C of vector v (v < n_vec), m_r rows x 16 int32
 // TDPBUSD multiplies unsigned A bytes by signed B bytes: activations arrive as a + 128 like the
 // VNNI levels, and the epilogue subtracts w_comp = 128 * sum(w), so the int32 result is exact.
+// int4 (AMX-INT8 too): each strip's nibble pairs ([k4/2][column][4 bytes], low nibble = even k4
+// step) are first decoded into GemmArgs::scratch as the int8 strip of the values 16 * q4 the
+// kernels multiply (nibble << 4, exact), then every M block runs the int8 nest over it.
 //
-// AMX-BF16 (WeightFormat::bf16, TDPBF16PS): the same nest over k pairs. Activations arrive as
-// bf16 rows (the caller rounds them, RNE); x86 bf16 strips are k pairs, [k/2][column][2]
-// (jit/gemm.hpp bf16_kgroup), 64 bytes per pair and vector: exactly a B tile, like the int8
-// [k4][column][4], so k4 counts pairs and the nest is the int8 one (K even; blocks of 16 pairs,
-// then a tail of k4 % 16 pairs). The fp32 C tiles are the results: no scales, the epilogue as the
-// bf16 FMA kernels'.
+// AMX-BF16 (TDPBF16PS): the same nest over k pairs. Activations arrive as bf16 rows (the caller
+// rounds them, RNE); B tiles are 16 k pairs x one vector, [k/2][column][2] bf16 (64 bytes a pair
+// and vector, like the int8 [k4][column][4]), so a "step" is a k pair and the nest is the int8 one
+// (K even; blocks of 16 pairs, then a tail of pairs % 16).
+//   bf16:  x86 bf16 strips are k pairs already (jit/gemm.hpp bf16_kgroup): B tiles load them in
+//          place. The fp32 C tiles are the results.
+//   mxfp4, mxfp8 (jit/gemm.hpp amx_decoded_weight): each strip is first decoded into
+//          GemmArgs::scratch as bf16 k pairs, the weight times its group's power-of-two scale
+//          (one fp32 product, exact unless it underflows), its top 16 bits (exact: the value has
+//          <= 4 significant bits; only an fp32 subnormal loses bits, and TDPBF16PS reads every
+//          bf16 subnormal as zero). Every M block then runs the bf16 nest over the scratch; the
+//          scales are in the weights, so the C tiles are the results.
+//   fp8:   the same decode without scales (e4m3 values, exact in bf16); the 128 x 128 block scales
+//          are folded per K group: per group the C tiles start at zero, take the group's pairs,
+//          are stored and folded into an fp32 accumulator block on the stack,
+//          acc = fma(C, scale, acc); the epilogue then applies a_scale * w_scale like the fp8
+//          FMA kernels. A last group shorter than the others gets its own tail shape: the tiles
+//          are reconfigured for it and back (LDTILECFG, between groups, when C is stored).
 #include "jit/x64/amx_gemm.hpp"
 
 #include <cstddef>
@@ -32,9 +47,17 @@ using namespace Xbyak;
 using namespace Xbyak::util;
 
 constexpr int kTileA = 0, kTileB = 1, kTileATail = 2, kTileBTail = 3, kTileC = 4;
-constexpr int kCfgOff = 64;    // 64-byte tile configuration on the stack
-constexpr int kCBufOff = 128;  // C tiles stored here: [vector][row][16 int32]
+// Stack: [rsp] strips left; then the slots below; the tile configuration; the C tiles stored as
+// [vector][row][16 lanes]; fp8: the folded accumulators, same shape.
+constexpr int kSteps = 8;        // tile K steps of the whole K (int8: k4; bf16 formats: k pairs)
+constexpr int kGroupSteps = 16;  // fp8: k pairs of a group
+constexpr int kLastSteps = 24;   // fp8: k pairs of the last group
+constexpr int kGroupsLeft = 32;  // fp8: groups left in the block
+constexpr int kNextStrip = 40;   // decoded formats: the next strip's weights
+constexpr int kCfgOff = 64;      // 64-byte tile configuration
+constexpr int kCBufOff = 128;
 constexpr int kCTileBytes = kAmxTileRows * 64;
+constexpr int kAccOff = kCBufOff + kStripVecs * kCTileBytes;
 
 class AmxGemmGenerator : public JitGenerator {
  public:
@@ -44,10 +67,18 @@ class AmxGemmGenerator : public JitGenerator {
         log_(log),
         nv_(key.n_vec),
         mr_(key.m_r),
-        bf16_(key.format == WeightFormat::bf16) {
+        int8_(key.format == WeightFormat::int8 || key.format == WeightFormat::int4),
+        int4_(key.format == WeightFormat::int4),
+        fp8_(key.format == WeightFormat::fp8),
+        mx4_(key.format == WeightFormat::mxfp4),
+        mx8_(key.format == WeightFormat::mxfp8),
+        pairs_(fp8_ || mx4_ || mx8_),
+        dec_(pairs_ || int4_) {
     if (!amx_gemm_supported(key))
-      throw std::invalid_argument("amx gemm: unsupported key " + key.describe() +
-                                  " (AMX kernels: prefill, int8 or bf16, m_r 1..16, n_vec 1..4)");
+      throw std::invalid_argument(
+          "amx gemm: unsupported key " + key.describe() +
+          " (AMX kernels: prefill; int8, int4, bf16, fp8, mxfp4 or mxfp8; m_r "
+          "1..16, n_vec 1..4; SwiGLU variants only on mx siluup)");
     generate();
   }
 
@@ -60,14 +91,14 @@ class AmxGemmGenerator : public JitGenerator {
   const Reg64 reg_k = r11;    // K blocks left (K loop); C buffer row (epilogue)
   const Reg64 reg_row = rbx;  // first row of the current block
   const Reg64 reg_wscale = r12;
-  const Reg64 reg_comp = r13;
+  const Reg64 reg_comp = r13;   // int8: w_comp; fp8: the strip's group scales (w_gscale)
   const Reg64 reg_col = r14;    // strip's first output column, bytes
   const Reg64 reg_mb = r15;     // M blocks left
-  const Reg64 reg_strip = rbp;  // strip start
+  const Reg64 reg_strip = rbp;  // strip start (decoded formats: the scratch)
   // rax, rcx, rdx: scratch.
 
   int strip_cols() const { return nv_ * 16; }
-  int row_bytes() const { return nv_ * 64; }  // one k4 step of the strip
+  int row_bytes() const { return nv_ * 64; }  // one tile K step of the strip (or the scratch)
   int out_cols() const { return gemm_strip_out_cols(IsaLevel::amx, nv_, key_.epilogue); }
   Address arg(size_t off) const { return qword[reg_args + off]; }
 
@@ -118,7 +149,7 @@ class AmxGemmGenerator : public JitGenerator {
   }
   void t_dp(int c, int a, int b) {
     const size_t s = getSize();
-    if (bf16_) {
+    if (!int8_) {
       tdpbf16ps(Tmm(c), Tmm(a), Tmm(b));
       record(amx::Op::tdpbf16ps, s, c, a, b);
       return;
@@ -129,14 +160,18 @@ class AmxGemmGenerator : public JitGenerator {
 
   // ---- loop nest ---------------------------------------------------------------------------
   void generate() {
-    preamble(kCBufOff + kStripVecs * kCTileBytes);
+    preamble(kAccOff + (fp8_ ? kStripVecs * kCTileBytes : 0));
     mov(reg_w, arg(offsetof(GemmArgs, w)));
     mov(reg_lda, arg(offsetof(GemmArgs, lda)));
     mov(reg_wscale, arg(offsetof(GemmArgs, w_scale)));
-    mov(reg_comp, arg(offsetof(GemmArgs, w_comp)));
+    mov(reg_comp, arg(fp8_ ? offsetof(GemmArgs, w_gscale) : offsetof(GemmArgs, w_comp)));
     mov(reg_col, arg(offsetof(GemmArgs, out_col)));
     shl(reg_col, 2);
     mov(reg_bstride, row_bytes());
+    mov(rax, arg(offsetof(GemmArgs, k4)));
+    if (pairs_) shr(rax, 1);  // k pairs
+    mov(qword[rsp + kSteps], rax);
+    if (fp8_) group_steps();
     configure_tiles();
 
     Label strip_loop, done;
@@ -146,7 +181,13 @@ class AmxGemmGenerator : public JitGenerator {
     mov(qword[rsp], rax);
     L(strip_loop);
     {
-      mov(reg_strip, reg_w);
+      if (dec_) {
+        decode_strip();  // reg_w: this strip -> the next one
+        mov(qword[rsp + kNextStrip], reg_w);
+        mov(reg_strip, arg(offsetof(GemmArgs, scratch)));
+      } else {
+        mov(reg_strip, reg_w);
+      }
       Label mb_loop, mb_done;
       xor_(reg_row.cvt32(), reg_row.cvt32());
       mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
@@ -160,11 +201,21 @@ class AmxGemmGenerator : public JitGenerator {
         jnz(mb_loop, T_NEAR);
       }
       L(mb_done);
-      mov(rax, arg(offsetof(GemmArgs, k4)));
-      imul(rax, rax, row_bytes());
-      lea(reg_w, ptr[reg_strip + rax]);  // next strip
+      if (dec_) {
+        mov(reg_w, qword[rsp + kNextStrip]);
+      } else {
+        mov(rax, qword[rsp + kSteps]);
+        imul(rax, rax, row_bytes());
+        lea(reg_w, ptr[reg_strip + rax]);  // next strip
+      }
       add(reg_wscale, strip_cols() * 4);
-      add(reg_comp, strip_cols() * 4);
+      if (fp8_) {  // per strip: g_per_strip groups x 2 halves x 16 floats
+        mov(rax, arg(offsetof(GemmArgs, g_per_strip)));
+        shl(rax, 7);
+        add(reg_comp, rax);
+      } else {
+        add(reg_comp, strip_cols() * 4);
+      }
       add(reg_col, out_cols() * 4);
       dec(qword[rsp]);
       jnz(strip_loop, T_NEAR);
@@ -175,35 +226,59 @@ class AmxGemmGenerator : public JitGenerator {
     emit_constants();
   }
 
+  // fp8: k pairs of a group (min(g_steps, K) / 2) and of the last one (K - (groups - 1) *
+  // g_steps) / 2, groups = g_per_strip = ceil(K / g_steps).
+  void group_steps() {
+    mov(rax, arg(offsetof(GemmArgs, g_steps)));
+    mov(rcx, arg(offsetof(GemmArgs, k4)));
+    cmp(rax, rcx);
+    cmovg(rax, rcx);
+    shr(rax, 1);
+    mov(qword[rsp + kGroupSteps], rax);
+    mov(rax, arg(offsetof(GemmArgs, g_per_strip)));
+    dec(rax);
+    imul(rax, arg(offsetof(GemmArgs, g_steps)));
+    sub(rcx, rax);
+    shr(rcx, 1);
+    mov(qword[rsp + kLastSteps], rcx);
+  }
+
   // The static part of the configuration comes from the constant pool; the K-tail tiles get
-  // their shape from k4 % 16 at run time (unconfigured when it is 0).
+  // their shape from the steps % 16 of a (fp8: regular) group at run time.
   void configure_tiles() {
     vmovups(zmm0, zword[rip + c_cfg_]);
     vmovups(zword[rsp + kCfgOff], zmm0);
-    Label no_tail;
-    mov(rax, arg(offsetof(GemmArgs, k4)));
-    and_(eax, 15);
-    jz(no_tail, T_NEAR);
-    mov(byte[rsp + kCfgOff + 48 + kTileATail], mr_);
-    mov(ecx, eax);
-    shl(ecx, 2);
-    mov(word[rsp + kCfgOff + 16 + 2 * kTileATail], cx);
-    mov(byte[rsp + kCfgOff + 48 + kTileBTail], al);
-    mov(word[rsp + kCfgOff + 16 + 2 * kTileBTail], 64);
-    L(no_tail);
+    mov(rcx, qword[rsp + (fp8_ ? kGroupSteps : kSteps)]);
+    set_tail_cfg();
     t_cfg(rsp, kCfgOff);
   }
+  // Writes the tail tiles' shape for t = ecx & 15 tile K steps into the configuration on the
+  // stack (both unconfigured when t == 0). Clobbers rax, rcx.
+  void set_tail_cfg() {
+    Label zero, end;
+    and_(ecx, 15);
+    jz(zero, T_NEAR);
+    mov(byte[rsp + kCfgOff + 48 + kTileATail], mr_);
+    mov(eax, ecx);
+    shl(eax, 2);
+    mov(word[rsp + kCfgOff + 16 + 2 * kTileATail], ax);
+    mov(byte[rsp + kCfgOff + 48 + kTileBTail], cl);
+    mov(word[rsp + kCfgOff + 16 + 2 * kTileBTail], 64);
+    jmp(end, T_NEAR);
+    L(zero);
+    mov(byte[rsp + kCfgOff + 48 + kTileATail], 0);
+    mov(word[rsp + kCfgOff + 16 + 2 * kTileATail], 0);
+    mov(byte[rsp + kCfgOff + 48 + kTileBTail], 0);
+    mov(word[rsp + kCfgOff + 16 + 2 * kTileBTail], 0);
+    L(end);
+  }
 
-  // Rows [reg_row, reg_row + m_r) x the strip at reg_strip, over all of K.
-  void compute_block() {
-    mov(reg_a, reg_row);
-    imul(reg_a, reg_lda);
-    add(reg_a, arg(offsetof(GemmArgs, a)));
-    mov(reg_w, reg_strip);
-    for (int v = 0; v < nv_; ++v) t_zero(kTileC + v);
+  // rax tile K steps from reg_a / reg_w into the C tiles: blocks of 16, then the tail (whose
+  // tiles are configured for rax % 16). With `advance_tail` the pointers end past the tail too.
+  void steps_into_c(bool advance_tail) {
     Label kb_loop, kb_done, no_tail;
-    mov(reg_k, arg(offsetof(GemmArgs, k4)));
-    shr(reg_k, 4);  // blocks of 16 k4 steps (bf16: 16 k pairs)
+    mov(reg_k, rax);
+    shr(reg_k, 4);
     jz(kb_done, T_NEAR);
     L(kb_loop);
     {
@@ -218,24 +293,228 @@ class AmxGemmGenerator : public JitGenerator {
       jnz(kb_loop, T_NEAR);
     }
     L(kb_done);
-    test(byte[reg_args + offsetof(GemmArgs, k4)], 15);
+    test(al, 15);
     jz(no_tail, T_NEAR);
     t_load(kTileATail, reg_a, reg_lda, 0);
     for (int v = 0; v < nv_; ++v) {
       t_load(kTileBTail, reg_w, reg_bstride, v * 64);
       t_dp(kTileC + v, kTileATail, kTileBTail);
     }
+    if (advance_tail) {
+      mov(ecx, eax);
+      and_(ecx, 15);
+      lea(reg_a, ptr[reg_a + rcx * 4]);
+      imul(rcx, rcx, row_bytes());
+      add(reg_w, rcx);
+    }
     L(no_tail);
-    mov(ecx, 64);
-    for (int v = 0; v < nv_; ++v) t_store(kTileC + v, rsp, rcx, kCBufOff + v * kCTileBytes);
-    epilogue();
   }
 
-  // ---- epilogue: per row, the C rows of the strip's vectors in zmm0..3 -----------------------
-  // Same instruction sequence (and so the same rounding) as the avx512_vnni kernels' epilogue.
+  void store_c() {
+    mov(ecx, 64);
+    for (int v = 0; v < nv_; ++v) t_store(kTileC + v, rsp, rcx, kCBufOff + v * kCTileBytes);
+  }
+
+  // Rows [reg_row, reg_row + m_r) x the strip at reg_strip, over all of K.
+  void compute_block() {
+    mov(reg_a, reg_row);
+    imul(reg_a, reg_lda);
+    add(reg_a, arg(offsetof(GemmArgs, a)));
+    mov(reg_w, reg_strip);
+    if (fp8_) {
+      compute_block_groups();
+      epilogue(kAccOff);
+      return;
+    }
+    for (int v = 0; v < nv_; ++v) t_zero(kTileC + v);
+    mov(rax, qword[rsp + kSteps]);
+    steps_into_c(false);
+    store_c();
+    epilogue(kCBufOff);
+  }
+
+  // fp8: per group, the C tiles from zero over the group's pairs, then acc = fma(C, scale, acc)
+  // with the group's scale of each vector's half (gate / up). rdx walks the strip's scales.
+  void compute_block_groups() {
+    vpxord(zmm0, zmm0, zmm0);
+    for (int v = 0; v < nv_; ++v)
+      for (int r = 0; r < mr_; ++r) vmovups(zword[rsp + kAccOff + v * kCTileBytes + r * 64], zmm0);
+    mov(rdx, reg_comp);
+    mov(rax, arg(offsetof(GemmArgs, g_per_strip)));
+    mov(qword[rsp + kGroupsLeft], rax);
+    Label group_loop, regular, same_tail, last_done;
+    L(group_loop);
+    {
+      mov(rax, qword[rsp + kGroupSteps]);
+      cmp(qword[rsp + kGroupsLeft], 1);
+      jne(regular, T_NEAR);
+      // The last group: its own tail shape when it differs from the regular groups'.
+      mov(rcx, qword[rsp + kLastSteps]);
+      xor_(rcx, rax);
+      test(cl, 15);
+      mov(rax, qword[rsp + kLastSteps]);
+      jz(regular, T_NEAR);
+      mov(rcx, rax);
+      set_tail_cfg();
+      t_cfg(rsp, kCfgOff);
+      mov(rax, qword[rsp + kLastSteps]);
+      L(regular);
+      for (int v = 0; v < nv_; ++v) t_zero(kTileC + v);
+      steps_into_c(true);
+      store_c();
+      const int half = key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_;
+      vmovups(zmm30, zword[rdx]);       // the gate half's (or the matrix's) scale
+      vmovups(zmm31, zword[rdx + 64]);  // the up half's
+      for (int v = 0; v < nv_; ++v)
+        for (int r = 0; r < mr_; ++r) {
+          const int c = kCBufOff + v * kCTileBytes + r * 64, s = kAccOff + v * kCTileBytes + r * 64;
+          vmovups(zmm0, zword[rsp + c]);
+          vfmadd213ps(zmm0, v < half ? zmm30 : zmm31, zword[rsp + s]);  // C * scale + acc
+          vmovups(zword[rsp + s], zmm0);
+        }
+      add(rdx, 128);
+      dec(qword[rsp + kGroupsLeft]);
+      jnz(group_loop, T_NEAR);
+    }
+    // Back to the regular tail shape if the last group changed it.
+    mov(rcx, qword[rsp + kLastSteps]);
+    xor_(rcx, qword[rsp + kGroupSteps]);
+    test(cl, 15);
+    jz(last_done, T_NEAR);
+    mov(rcx, qword[rsp + kGroupSteps]);
+    set_tail_cfg();
+    t_cfg(rsp, kCfgOff);
+    L(last_done);
+  }
+
+  // ---- the strip decode of fp8 / mx into bf16 k pairs ----------------------------------------
+  // Scratch layout: [k/2][vector][16 columns][2], the B tiles' (and x86 bf16 strips') layout.
+  // e4m3 rows k, k + 1 of vector v (16 bytes each at `even`, `odd`): each byte to fp16 bits
+  // (sign << 15 | magnitude << 7: value * 2^-8, exact), widened by vcvtph2ps, times `scale`
+  // (fp8: 256, exact; mxfp8: the group scale of the stored e + 8), then the pair's top halves.
+  void e4m3_pair(const Address& even, const Address& odd, const Zmm& scale, const Address& dst) {
+    const Zmm e(4), o(5);
+    vpmovsxbw(Ymm(4), even);
+    vpmovsxbw(Ymm(5), odd);
+    vpsllw(Ymm(4), Ymm(4), 7);
+    vpsllw(Ymm(5), Ymm(5), 7);
+    vpand(Ymm(4), Ymm(4), yword[rip + c_f16_mask_]);
+    vpand(Ymm(5), Ymm(5), yword[rip + c_f16_mask_]);
+    vcvtph2ps(e, Ymm(4));
+    vcvtph2ps(o, Ymm(5));
+    pair_out(e, o, scale, dst);
+  }
+  // dst = the bf16 pairs (top 16 bits) of e * scale (low half) and o * scale (high half).
+  void pair_out(const Zmm& e, const Zmm& o, const Zmm& scale, const Address& dst) {
+    vmulps(e, e, scale);
+    vmulps(o, o, scale);
+    vpsrld(e, e, 16);
+    vpandd(o, o, zword[rip + c_hi16_]);
+    vpord(e, e, o);
+    vmovups(dst, e);
+  }
+  // The group's exponent bytes (16 per vector at reg_w) to fp32 scales (bits e << 23) in
+  // zmm8 + v; reg_w past them.
+  void mx_scales() {
+    for (int v = 0; v < nv_; ++v) {
+      vpmovzxbd(Zmm(8 + v), xword[reg_w + v * 16]);
+      vpslld(Zmm(8 + v), Zmm(8 + v), 23);
+    }
+    add(reg_w, strip_cols());
+  }
+  // reg_w: this strip's weights -> the next strip's; rdx: the scratch. rax, rcx: counters.
+  void decode_strip() {
+    mov(rdx, arg(offsetof(GemmArgs, scratch)));
+    const int cols = strip_cols();
+    if (int4_) {  // per k4 step pair, 4 bytes per column: low nibbles step 2s, high ones 2s + 1
+      Label loop, done;
+      mov(rax, qword[rsp + kSteps]);
+      shr(rax, 1);  // k4 is even for 4-bit strips
+      jz(done, T_NEAR);
+      vpbroadcastd(zmm9, dword[rip + c_f0_]);
+      L(loop);
+      for (int v = 0; v < nv_; ++v) {
+        vmovups(zmm4, zword[reg_w + v * 64]);
+        vpsllw(zmm5, zmm4, 4);  // each byte's low nibble to its bits 4..7 (the rest masked)
+        vpandd(zmm5, zmm5, zmm9);
+        vpandd(zmm4, zmm4, zmm9);
+        vmovups(zword[rdx + v * 64], zmm5);
+        vmovups(zword[rdx + row_bytes() + v * 64], zmm4);
+      }
+      add(reg_w, row_bytes());
+      add(rdx, 2 * row_bytes());
+      dec(rax);
+      jnz(loop, T_NEAR);
+      L(done);
+      return;
+    }
+    if (fp8_) {  // [k][column] bytes, K even
+      Label loop, done;
+      mov(rax, qword[rsp + kSteps]);
+      test(rax, rax);
+      jz(done, T_NEAR);
+      vbroadcastss(zmm8, dword[rip + c_f256_]);
+      L(loop);
+      for (int v = 0; v < nv_; ++v)
+        e4m3_pair(xword[reg_w + v * 16], xword[reg_w + cols + v * 16], zmm8, zword[rdx + v * 64]);
+      add(reg_w, 2 * cols);
+      add(rdx, row_bytes());
+      dec(rax);
+      jnz(loop, T_NEAR);
+      L(done);
+      return;
+    }
+    // mx: g_per_strip groups of 32 k (16 pairs): the exponent bytes, then the weights.
+    Label group, done;
+    mov(rax, arg(offsetof(GemmArgs, g_per_strip)));
+    test(rax, rax);
+    jle(done, T_NEAR);
+    if (mx4_) vmovups(zmm16, zword[rip + c_e2m1_]);
+    L(group);
+    {
+      mx_scales();
+      if (mx8_) {  // [k][column] bytes
+        Label pair;
+        mov(ecx, 16);
+        L(pair);
+        for (int v = 0; v < nv_; ++v)
+          e4m3_pair(xword[reg_w + v * 16], xword[reg_w + cols + v * 16], Zmm(8 + v),
+                    zword[rdx + v * 64]);
+        add(reg_w, 2 * cols);
+        add(rdx, row_bytes());
+        dec(ecx);
+        jnz(pair, T_NEAR);
+      } else {  // [k/8][column][4 bytes]: nibble j of a column's dword is k0 + j
+        for (int d = 0; d < 4; ++d)
+          for (int v = 0; v < nv_; ++v) {
+            const Zmm raw(12), e(4), o(5);
+            vmovups(raw, zword[reg_w + (d * cols + v * 16) * 4]);
+            for (int p = 0; p < 4; ++p) {
+              if (p == 0) {
+                vpermps(e, raw, zmm16);  // index bits 3..0: the low nibble
+              } else {
+                vpsrld(e, raw, 8 * p);
+                vpermps(e, e, zmm16);
+              }
+              vpsrld(o, raw, 8 * p + 4);
+              vpermps(o, o, zmm16);
+              pair_out(e, o, Zmm(8 + v), zword[rdx + ((d * 4 + p) * nv_ + v) * 64]);
+            }
+          }
+        add(reg_w, 16 * cols);
+        add(rdx, 16 * row_bytes());
+      }
+      dec(rax);
+      jnz(group, T_NEAR);
+    }
+    L(done);
+  }
+
+  // ---- epilogue: per row, the results of the strip's vectors in zmm0..3 ----------------------
+  // Same instruction sequence (and so the same rounding) as the avx512 kernels' epilogues.
   Zmm acc(int v) const { return Zmm(v); }
 
-  void epilogue() {
+  void epilogue(int buf) {
     mov(rax, arg(offsetof(GemmArgs, a_scale)));
     lea(rax, ptr[rax + reg_row * 4]);
     mov(rdx, arg(offsetof(GemmArgs, out_rows)));
@@ -244,18 +523,21 @@ class AmxGemmGenerator : public JitGenerator {
       mov(rcx, arg(offsetof(GemmArgs, row_weight)));
       lea(rcx, ptr[rcx + reg_row * 4]);
     }
-    lea(reg_k, ptr[rsp + kCBufOff]);
+    lea(reg_k, ptr[rsp + buf]);
     mov(reg_a, mr_);
+    const bool scaled = int8_ || fp8_;  // bf16 and mx: the fp32 sums are the results
     Label row_loop;
     L(row_loop);
     {
       const Zmm s = zmm28, t = zmm29;
-      if (!bf16_) vbroadcastss(s, dword[rax]);
+      if (scaled) vbroadcastss(s, dword[rax]);
       for (int v = 0; v < nv_; ++v) {
         vmovups(acc(v), zword[reg_k + v * kCTileBytes]);
-        if (bf16_) continue;  // fp32 results as they are (bf16 weights carry no scales)
-        vpsubd(acc(v), acc(v), zword[reg_comp + v * 64]);
-        vcvtdq2ps(acc(v), acc(v));
+        if (!scaled) continue;
+        if (int8_) {
+          vpsubd(acc(v), acc(v), zword[reg_comp + v * 64]);
+          vcvtdq2ps(acc(v), acc(v));
+        }
         vmulps(t, s, zword[reg_wscale + v * 64]);
         vmulps(acc(v), t, acc(v));
       }
@@ -287,13 +569,30 @@ class AmxGemmGenerator : public JitGenerator {
     }
   }
 
-  // h = g / (1 + exp(-g)) * u, exp as kt-kernel's degree-5 exp2 polynomial (see gemm_ref).
+  // h = g / (1 + exp(-g)) * u, exp as kt-kernel's degree-5 exp2 polynomial (see gemm_ref); the
+  // mx SwiGLU variants (swiglu_ref) as the avx512 kernels emit them.
   void siluup_row() {
-    const Zmm x = zmm28, r = zmm29, p = zmm30;
+    const Zmm x = zmm28, r = zmm29, p = zmm30, lim = zmm31;
     const int half = nv_ / 2;
+    const uint8_t sw = (mx4_ || mx8_) ? key_.variant : 0;
     for (int v = 0; v < half; ++v) {
       const Zmm g = acc(v), u = acc(v + half);
-      vxorps(x, g, zword[rip + c_sign_]);
+      if (sw & kSwigluClamp) {  // L, then -L, then L again
+        vbroadcastss(lim, dword[reg_args + offsetof(GemmArgs, swiglu_limit)]);
+        vminps(g, g, lim);
+        vxorps(lim, lim, zword[rip + c_sign_]);
+        if (sw & kSwigluAlpha) vmaxps(g, g, lim);
+        vmaxps(u, u, lim);
+        vxorps(lim, lim, zword[rip + c_sign_]);
+        vminps(u, u, lim);
+      }
+      if (sw & kSwigluAlpha) {  // x = -(alpha * g)
+        vbroadcastss(x, dword[reg_args + offsetof(GemmArgs, swiglu_alpha)]);
+        vmulps(x, x, g);
+        vxorps(x, x, zword[rip + c_sign_]);
+      } else {
+        vxorps(x, g, zword[rip + c_sign_]);
+      }
       vminps(x, x, zword[rip + c_max_]);
       vmaxps(x, x, zword[rip + c_min_]);
       vmulps(x, x, zword[rip + c_log2e_]);
@@ -307,6 +606,7 @@ class AmxGemmGenerator : public JitGenerator {
       vmulps(p, p, r);
       vaddps(p, p, zword[rip + c_one_]);
       vdivps(g, g, p);
+      if (sw & kSwigluAlpha) vaddps(u, u, zword[rip + c_one_]);
       vmulps(g, g, u);
       vmovups(zword[reg_w + v * 64], g);
     }
@@ -336,21 +636,37 @@ class AmxGemmGenerator : public JitGenerator {
     for (int i = 0; i < 6; ++i) emit_const32(c_poly_[i], f32_bits(poly[i]));
     emit_const32(c_bias_, 127u);
     emit_const32(c_one_, f32_bits(1.0f));
+    if (int4_) emit_const32(c_f0_, 0xf0f0f0f0u);
+    if (!pairs_) return;
+    emit_const32(c_f16_mask_, 0xbf80bf80u);  // fp16 sign + e4m3 magnitude bits, per word
+    emit_const32(c_hi16_, 0xffff0000u);
+    emit_const32(c_f256_, f32_bits(256.0f));
+    L(c_e2m1_);  // the 16 e2m1 values
+    for (int i = 0; i < 16; ++i) dd(f32_bits(mx_e2m1(uint8_t(i))));
   }
 
   const KernelKey key_;
   std::vector<amx::AmxOp>* log_;
   const int nv_, mr_;
-  const bool bf16_;
+  // int8_: the AMX-INT8 nest (int8, int4); pairs_: bf16 pairs decoded (fp8, mx); dec_: a strip
+  // decode into the scratch first (int4 and the pair formats)
+  const bool int8_, int4_, fp8_, mx4_, mx8_, pairs_, dec_;
   Label c_cfg_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_, c_one_;
+  Label c_f16_mask_, c_hi16_, c_f256_, c_e2m1_, c_f0_;
 };
 
 }  // namespace
 
 bool amx_gemm_supported(const KernelKey& key) {
-  return key.isa == IsaLevel::amx && key.kind == KernelKind::gemm_prefill &&
-         (key.format == WeightFormat::int8 || key.format == WeightFormat::bf16) && key.m_r >= 1 &&
-         key.m_r <= kAmxTileRows && key.n_vec >= 1 && key.n_vec <= kStripVecs &&
+  const WeightFormat f = key.format;
+  const bool mx = f == WeightFormat::mxfp4 || f == WeightFormat::mxfp8;
+  const bool fmt = f == WeightFormat::int8 || f == WeightFormat::int4 || f == WeightFormat::bf16 ||
+                   f == WeightFormat::fp8 || mx;
+  const uint8_t variants =
+      mx && key.epilogue == Epilogue::siluup ? uint8_t(kSwigluClamp | kSwigluAlpha) : uint8_t(0);
+  return key.isa == IsaLevel::amx && key.kind == KernelKind::gemm_prefill && fmt &&
+         (key.variant & ~variants) == 0 && key.m_r >= 1 && key.m_r <= kAmxTileRows &&
+         key.n_vec >= 1 && key.n_vec <= kStripVecs &&
          !(key.epilogue == Epilogue::siluup && key.n_vec % 2);
 }
 

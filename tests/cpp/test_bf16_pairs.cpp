@@ -197,8 +197,11 @@ TEST(Bf16Pairs, Fp8AtAvx512Bf16PairsWhenKSplitsIntoPairs) {
   for (IsaLevel isa : {IsaLevel::avx512_bf16, IsaLevel::amx}) {
     const GemmKernelSet ks = make_gemm_kernel_set(isa, WeightFormat::fp8, Epilogue::siluup, 2, 0,
                                                   /*k_pairs=*/true);
-    EXPECT_EQ(ks.tile_rows, 6) << isa_name(isa);
-    EXPECT_EQ(ks.tile_min_rows, 12);
+    // prefill tiles: vdpbf16ps at avx512_bf16 (6 rows, from 12), AMX-BF16 at amx (16 rows)
+    const bool amx = isa == IsaLevel::amx;
+    EXPECT_EQ(ks.tile_rows, amx ? 16 : 6) << isa_name(isa);
+    EXPECT_EQ(ks.tile_min_rows, amx ? 16 : 12);
+    EXPECT_EQ(ks.tile_full.isa, isa);
     EXPECT_TRUE(scratch_pair_kernel(ks.tile_full));
     EXPECT_FALSE(fp8_pair_kernel(ks.prefill_full));  // fp32 kernels for short experts' blocks
     for (int m = 1; m <= ks.max_rows; ++m) {

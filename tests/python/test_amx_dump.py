@@ -47,9 +47,28 @@ def test_dump_kernels_amx_bf16_uses_tdpbf16ps_tiles():
 
 
 @x86_only
-def test_dump_kernels_amx_other_formats_have_no_amx_kernels():
-    for method in ("AMXINT4", "FP8", "MXFP4", "RAWINT4"):
-        names = [k["name"] for k in _core.dump_kernels(method, 8, 2, 256, 80, "amx")]
+def test_dump_kernels_amx_decoded_formats_get_amx_tiles():
+    # int4 (AMX-INT8 over the strip decoded to int8), fp8 and mx (AMX-BF16 over bf16 pairs)
+    for method, fmt in (
+        ("AMXINT4", "int4"),
+        ("FP8", "fp8"),
+        ("MXFP4", "mxfp4"),
+        ("MXFP8", "mxfp8"),
+    ):
+        names = [k["name"] for k in _core.dump_kernels(method, 8, 2, 256, 96, "amx")]
+        # I = 96: three whole gate/up strips (32 of gate, 32 of up), down (H = 256) no tail
+        assert sorted(n for n in names if "_amx_" in n) == [
+            f"gemm_prefill_{fmt}_amx_m16n64_accum",
+            f"gemm_prefill_{fmt}_amx_m16n64_siluup",
+        ], (method, names)
+        assert any(n.startswith(f"gemm_decode_{fmt}_avx512bf16_m1") for n in names)
+
+
+@x86_only
+def test_dump_kernels_amx_k_group_formats_have_no_amx_kernels():
+    # their per-group fold would cost more than AMX saves (docs/ARCHITECTURE.md "AMX")
+    for method in ("RAWINT4", "GPTQ_INT4"):
+        names = [k["name"] for k in _core.dump_kernels(method, 8, 2, 256, 128, "amx")]
         assert names and not any("_amx_" in n for n in names), (method, names)
 
 
