@@ -20,8 +20,8 @@ struct Bf16Case {
   std::vector<uint16_t> w;             // packed strips
   std::vector<float> scale;
   std::vector<int32_t> comp;
-  int64_t lda = 0;          // bytes between activation rows
-  std::vector<uint16_t> a;  // M rows of bf16 activations
+  int64_t lda = 0;              // bytes between activation rows
+  std::vector<uint16_t> a;      // M rows of bf16 activations
   std::vector<float> ones, rw;  // a_scale (unused by bf16) and routing weights
   int64_t stride = 0;           // floats between output rows
   std::vector<float> out;       // M rows of random initial outputs
