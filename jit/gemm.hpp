@@ -16,6 +16,7 @@
 //                acc = ro(ftz(acc) + ro(ro(a[2p] * w[n][2p]) + ro(a[2p+1] * w[n][2p+1])))
 //   fp8:       w'  = fp8_value(w[n][k]) * gscale[strip][group(k)][half(n)]  (one rounding)
 //              acc = fma(a[m][k], w', acc) in k order;  y = (a_scale[m] * w_scale[n]) * acc
+//              (decode_group_accumulate and strip_scratch_kernel keys: per-group sums, below)
 //   qgroup:    (formats/grouped.hpp: w = scale[n][g] * code[n][k] + bias[n][g], g = k / G)
 //              acc_g = Σ_{k in group g} a[m][k] * code[n][k]      exact int32, a in [-127, 127],
 //                                                                  code in [-128, 127]
@@ -187,6 +188,17 @@ inline bool amx_decoded_weight(const KernelKey& key) {
   return key.isa == IsaLevel::amx && key.kind == KernelKind::gemm_prefill &&
          (key.format == WeightFormat::fp8 || is_mx_format(key.format));
 }
+// fp8 prefill kernels at avx2, avx512 and avx512_vnni with variant kStripScratch (K and g_steps
+// even): each strip is decoded once into GemmArgs::scratch as bf16 k pairs ([k/2][column][2]) of
+// value * 2^-8 (the fp16 route, exact), then every M block runs the bf16 FMA microkernel over the
+// scratch with fp32 activations, into per-group sums on the decode_group_accumulate rule:
+//   g = fma(a[k], value * 2^-8, g) in k order; per group acc = fma(g, scale * 2^8, acc)
+// (the same numbers as the one-row decode tiles), the accumulators held on the stack. The strip
+// is decoded once for all of its M blocks instead of once per block.
+inline bool strip_scratch_kernel(const KernelKey& key) {
+  return key.format == WeightFormat::fp8 && key.kind == KernelKind::gemm_prefill &&
+         (key.variant & kStripScratch);
+}
 // Kernels that need GemmArgs::scratch (k4 * 32 * n_vec bytes) for the strip decoded to bf16
 // pairs: fp8 pair prefill and the AMX-BF16 kernels of decoded formats.
 inline bool scratch_pair_kernel(const KernelKey& key) {
@@ -202,7 +214,7 @@ inline bool amx_int4_kernel(const KernelKey& key) {
 // Bytes of GemmArgs::scratch a kernel needs for `k4` K steps (0: it reads none).
 inline int64_t gemm_scratch_bytes(const KernelKey& key, int64_t k4) {
   if (amx_int4_kernel(key)) return k4 * 64 * key.n_vec;
-  return scratch_pair_kernel(key) ? k4 * 32 * key.n_vec : 0;
+  return scratch_pair_kernel(key) || strip_scratch_kernel(key) ? k4 * 32 * key.n_vec : 0;
 }
 // Prefill kernels that take bf16 activation rows in whole blocks of m_r rows (the executor pads
 // the last block): bf16 pair kernels, fp8 pair prefill and the AMX kernels of decoded formats.

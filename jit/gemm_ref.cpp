@@ -389,7 +389,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
   const int rows = key.m_r;
   const int32_t offset = int8_activation_offset(key.isa) ? 128 : 0;
-  const bool gacc = decode_group_accumulate(key);
+  const bool gacc = decode_group_accumulate(key) || strip_scratch_kernel(key);
   // bf16: args.k4 steps of kg k each ([k / kg][column][kg], jit/gemm.hpp bf16_kgroup); the padded
   // last k of an odd K has weight 0 and activation 0, which the kernels add and so does this.
   const int kg = bf16 ? bf16_kgroup(key.isa) : 1;

@@ -51,6 +51,12 @@ constexpr uint8_t kQGroupBias = 2;     // a per-(column, group) offset term
 // bf16_pair_kernel) and WeightFormat::fp8 decode of <= 4 rows (fp8_pair_kernel).
 constexpr uint8_t kBf16Pairs = 1;
 
+// KernelKey::variant bit of fp8 prefill kernels at the x86 levels without AVX512-BF16 (jit/gemm.hpp
+// strip_scratch_kernel): each strip is decoded once into GemmArgs::scratch as bf16 k pairs and
+// every M block runs the bf16 FMA microkernel over it (fp32 activations). A bit of its own,
+// clear of the SwiGLU and qgroup bits.
+constexpr uint8_t kStripScratch = 8;
+
 enum class Epilogue : uint8_t {
   store = 0,   // out[m][n] = y
   siluup = 1,  // strip holds gate then up columns; out[m][n] = silu(g) * u

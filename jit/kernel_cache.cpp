@@ -66,6 +66,7 @@ std::string KernelKey::name() const {
       s << (variant & kSwigluAlpha ? "_alpha" : "") << (variant & kSwigluClamp ? "_clamp" : "");
     if ((format == WeightFormat::bf16 || format == WeightFormat::fp8) && (variant & kBf16Pairs))
       s << "_dpbf16";
+    if (variant & kStripScratch) s << "_scratch";
   } else {
     s << '_' << isa_tag(isa) << "_v" << int(variant);
   }

@@ -37,6 +37,7 @@ class GemmGenerator : public JitGenerator {
         pairs_(bf16_ && (key.variant & kBf16Pairs)),
         fp8_(key.format == WeightFormat::fp8),
         fp8p_(fp8_pair_kernel(key)),
+        sfma_(strip_scratch_kernel(key)),
         prefill_(key.kind == KernelKind::gemm_prefill),
         qg_(key.format == WeightFormat::qgroup),
         qg4_(qg_ && (key.variant & kQGroupNibbles)),
@@ -46,7 +47,7 @@ class GemmGenerator : public JitGenerator {
         mx4_(key.format == WeightFormat::mxfp4),
         mx8_(key.format == WeightFormat::mxfp8),
         mx_(mx4_ || mx8_),
-        gacc_(decode_group_accumulate(key) || fp8p_),
+        gacc_(decode_group_accumulate(key) || fp8p_ || sfma_),
         i16_(mx_int16_activations(key)) {
     if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
         key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8 && !qg_ && !mx_)
@@ -64,8 +65,15 @@ class GemmGenerator : public JitGenerator {
           "gemm: bf16 pair kernels (vdpbf16ps) are prefill kernels at "
           "avx512_bf16: " +
           key.describe());
-    if (fp8_ && (key.variant & ~kBf16Pairs))
+    if (fp8_ && (key.variant & ~(kBf16Pairs | kStripScratch)))
       throw std::invalid_argument("gemm: unknown fp8 variant bits: " + key.describe());
+    if ((key.variant & kStripScratch) &&
+        (!fp8_ || key.kind != KernelKind::gemm_prefill || (key.variant & kBf16Pairs) ||
+         key.isa == IsaLevel::avx512_bf16))
+      throw std::invalid_argument(
+          "gemm: strip-scratch kernels are fp8 prefill below avx512_bf16 (which runs the "
+          "vdpbf16ps pair kernels): " +
+          key.describe());
     if (fp8p_ && (key.isa != IsaLevel::avx512_bf16 ||
                   (key.kind == KernelKind::gemm_decode && key.m_r > kFp8PairMaxRows)))
       throw std::invalid_argument(
@@ -76,7 +84,9 @@ class GemmGenerator : public JitGenerator {
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
       throw std::invalid_argument("gemm: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));
-    if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > gemm_max_rows(key.isa, key.format))
+    // strip-scratch kernels run the bf16 microkernel, so they take its tile
+    const int max_rows = gemm_max_rows(key.isa, sfma_ ? WeightFormat::bf16 : key.format);
+    if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > max_rows)
       throw std::invalid_argument("gemm: tile out of range: " + key.describe());
     if (key.epilogue == Epilogue::siluup && nv_ % 2)
       throw std::invalid_argument("gemm: siluup needs an even number of vectors");
@@ -206,7 +216,10 @@ class GemmGenerator : public JitGenerator {
         mov(reg_tmp2, reg_strip);
         mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
         shr(reg_tmp, 1);
-        fp8_pair_repack();
+        if (sfma_)
+          fp8_fma_repack();
+        else
+          fp8_pair_repack();
       }
       if (prefill_) {
         Label mb_loop, mb_done;
@@ -226,7 +239,7 @@ class GemmGenerator : public JitGenerator {
             mov(reg_w, arg(offsetof(GemmArgs, scratch)));
           else
             mov(reg_w, reg_strip);
-          cmp(reg_row, (pairs_ ? kPairPrefetchBlocks : fp8p_ ? 1 : kPrefetchBlocks) * mr_);
+          cmp(reg_row, (pairs_ ? kPairPrefetchBlocks : fp8p_ || sfma_ ? 1 : kPrefetchBlocks) * mr_);
           jge(no_pf, T_NEAR);
           compute_block(true);
           jmp(next, T_NEAR);
@@ -289,7 +302,8 @@ class GemmGenerator : public JitGenerator {
     }
     if (qg_) load_params_qgroup();
     if (fp8p_ && !prefill_) fp8_pair_constants();
-    if (bf16_ && !pairs_ && zmm_isa()) vmovups(Zmm(29), zword[rip + c_hi16_]);  // odd-k mask
+    if ((bf16_ || sfma_) && !pairs_ && zmm_isa())
+      vmovups(Zmm(29), zword[rip + c_hi16_]);  // odd-k mask
     if (i16_ && zmm_isa())
       vmovups(Zmm(29), zword[rip + c_e2m1_w_]);  // 2 * e2m1 as int16, twice
     else if (i16_)  // avx2: |2 * e2m1| bytes in both lanes, and the word nibble mask
@@ -300,15 +314,16 @@ class GemmGenerator : public JitGenerator {
     k_loop(prefetch_next);
     if (fp8_stack_acc())
       for (int m = 0; m < mr_; ++m)
-        for (int v = 0; v < nv_; ++v) vmovups(acc(m, v), zword[rsp + fp8_acc_slot(m, v)]);
+        for (int v = 0; v < nv_; ++v) vmovups(acc(m, v), vmem(rsp + fp8_acc_slot(m, v)));
     epilogue();
   }
 
   void zero_accumulators() {
     if (fp8_stack_acc()) {  // the accumulators wait on the stack; the registers are group sums
-      vpxord(Zmm(31), Zmm(31), Zmm(31));
+      const Xmm z = vreg(num_vregs() - 1);
+      vpxord_any(z);
       for (int m = 0; m < mr_; ++m)
-        for (int v = 0; v < nv_; ++v) vmovups(zword[rsp + fp8_acc_slot(m, v)], Zmm(31));
+        for (int v = 0; v < nv_; ++v) vmovups(vmem(rsp + fp8_acc_slot(m, v)), z);
       return;
     }
     for (int m = 0; m < mr_; ++m)
@@ -327,7 +342,7 @@ class GemmGenerator : public JitGenerator {
   void k_loop_fp8(bool prefetch_next) {
     Label group, inner, tail, gdone, done;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
-    if (fp8p_) shr(reg_k, 1);  // pair kernels count k pairs (K and g_steps even)
+    if (fp8p_ || sfma_) shr(reg_k, 1);  // pair kernels count k pairs (K and g_steps even)
     mov(reg_gs, qword[rsp + 8]);
     test(reg_k, reg_k);
     jle(done, T_NEAR);
@@ -336,19 +351,24 @@ class GemmGenerator : public JitGenerator {
       fp8_group_scales();
       if (gacc_) zero_gacc();
       mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
-      if (fp8p_) shr(reg_gk, 1);
+      if (fp8p_ || sfma_) shr(reg_gk, 1);
       cmp(reg_gk, reg_k);
       cmovg(reg_gk, reg_k);  // the last group may be short
       sub(reg_k, reg_gk);
-      // fp8 pair prefill reads the strip's k-pair copy in the scratch (scratch_pairs).
+      // fp8 pair prefill reads the strip's k-pair copy in the scratch (scratch_pairs), with
+      // vdpbf16ps or (strip-scratch kernels) the bf16 FMA microkernel.
       auto step = [&](int u) {
-        if (scratch_pairs())
+        if (sfma_)
+          microkernel_sfma(u, prefetch_next);
+        else if (scratch_pairs())
           microkernel_pairs(u, prefetch_next);
         else
           microkernel(u, prefetch_next);
       };
       auto move_on = [&](int steps) {
-        if (scratch_pairs())
+        if (sfma_)
+          advance_sfma(steps, prefetch_next);
+        else if (scratch_pairs())
           advance_pairs(steps, prefetch_next);
         else
           advance(steps, prefetch_next);
@@ -380,10 +400,11 @@ class GemmGenerator : public JitGenerator {
           for (int v = 0; v < nv_; ++v) {
             const int h = v < half_vecs ? 0 : 1;
             if (fp8_stack_acc()) {
-              const Address slot = zword[rsp + fp8_acc_slot(m, v)];
-              vmovups(Zmm(31), slot);
-              fold(Zmm(31), gacc(m, v), h);
-              vmovups(slot, Zmm(31));
+              const Address slot = vmem(rsp + fp8_acc_slot(m, v));
+              const Xmm t = vreg(num_vregs() - 1);
+              vmovups(t, slot);
+              fold(t, gacc(m, v), h);
+              vmovups(slot, t);
             } else {
               fold(acc(m, v), gacc(m, v), h);
             }
@@ -687,7 +708,7 @@ class GemmGenerator : public JitGenerator {
   // broadcast from memory ({1to16}); ymm (16 registers): the even pass then the odd pass, each
   // with the rows' activations broadcast into row_bcast.
   void microkernel_bf16(int u) {
-    const RegExp w0 = reg_w + u * step_bytes();
+    const RegExp w0 = reg_w + u * strip_cols() * 4;  // a k pair of bf16
     if (zmm_isa()) {
       const Zmm even(30), odd(31), mask(29);
       for (int v = 0; v < nv_; ++v) {
@@ -722,13 +743,14 @@ class GemmGenerator : public JitGenerator {
   // accumulators wait on the stack, one load / FMA / store per group (64 k pairs).
   static constexpr int kFp8AccStack = kFp8ScaleStack + 2 * 64;
   static constexpr int kFp8PairMaxRows = 4;
-  bool fp8_stack_acc() const { return fp8p_ && mr_ > 2; }
+  bool fp8_stack_acc() const { return (fp8p_ && mr_ > 2) || sfma_; }
   // fp8 pair prefill reads the strip decoded to bf16 k pairs in GemmArgs::scratch (bf16 strips
   // are k pairs already: the bf16 pair kernels read them in place).
-  bool scratch_pairs() const { return fp8p_ && prefill_; }
+  bool scratch_pairs() const { return (fp8p_ && prefill_) || sfma_; }
   int fp8_acc_slot(int m, int v) const { return kFp8AccStack + (m * nv_ + v) * 64; }
-  // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there), others on the stack.
-  bool fp8_scale_regs() const { return zmm_isa() && mr_ <= 4; }
+  // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there), others on the stack
+  // (strip-scratch kernels too: the bf16 microkernel's odd-k mask is zmm29).
+  bool fp8_scale_regs() const { return zmm_isa() && mr_ <= 4 && !sfma_; }
   void fp8_mul_scale(const Xmm& w, int half) {
     if (fp8_scale_regs())
       vmulps(w, w, Zmm(28 + half));
@@ -746,6 +768,65 @@ class GemmGenerator : public JitGenerator {
         vmovups(vmem(rsp + kFp8ScaleStack + h * vec_bytes()), t);
     }
   }
+  // One vector of e4m3 bytes at `wm` (lanes_ of them) as fp32 in vreg(i): the byte as fp16 bits
+  // (sign-extended to a word, << 7, & 0xbf80: the value * 2^-8), widened exactly by vcvtph2ps.
+  Xmm e4m3_widen(int i, const RegExp& wm) {
+    if (zmm_isa()) {
+      vpmovsxbw(Ymm(i), xword[wm]);
+      vpsllw(Ymm(i), Ymm(i), 7);
+      vpandd(Ymm(i), Ymm(i), yword[rip + c_f16_mask_]);
+      vcvtph2ps(Zmm(i), Ymm(i));
+      return Zmm(i);
+    }
+    vpmovsxbw(Xmm(i), qword[wm]);
+    vpsllw(Xmm(i), Xmm(i), 7);
+    vpand(Xmm(i), Xmm(i), xword[rip + c_f16_mask_]);
+    vcvtph2ps(Ymm(i), Xmm(i));
+    return Ymm(i);
+  }
+
+  // Strip-scratch kernels (strip_scratch_kernel): the strip at reg_tmp2 (reg_tmp k pairs, >= 1)
+  // into the scratch at reg_pf as bf16 k pairs, [k/2][vector][lanes_ columns][2]: rows k and
+  // k + 1 widened (value * 2^-8, exact), and the top 16 bits of each (exact: <= 4 significant
+  // bits, never an fp32 subnormal) as the pair's low and high half. The M blocks then read it
+  // with the bf16 FMA microkernel.
+  void fp8_fma_repack() {
+    Label loop, done;
+    const int cols = strip_cols();
+    test(reg_tmp, reg_tmp);
+    jz(done, T_NEAR);
+    L(loop);
+    for (int v = 0; v < nv_; ++v) {
+      const Xmm e = e4m3_widen(0, reg_tmp2 + v * lanes_);
+      const Xmm o = e4m3_widen(1, reg_tmp2 + cols + v * lanes_);
+      vpsrld(e, e, 16);
+      if (zmm_isa())
+        vpternlogd(e, o, zword[rip + c_hi16_], 0xf8);  // e | (o & 0xffff0000)
+      else
+        vpblendw(e, e, o, 0xaa);  // the odd words (high halves) from o
+      vmovups(vmem(reg_pf + v * vec_bytes()), e);
+    }
+    add(reg_tmp2, 2 * cols);
+    add(reg_pf, nv_ * vec_bytes());
+    dec(reg_tmp);
+    jnz(loop, T_NEAR);
+    L(done);
+  }
+  // One k pair of a strip-scratch kernel: the first block of a strip prefetches the next strip's
+  // packed bytes (2 * strip_cols() a pair, one line or less), then the bf16 FMA microkernel.
+  void microkernel_sfma(int u, bool prefetch_next) {
+    if (prefetch_next)
+      for (int off = 0; off < 2 * strip_cols(); off += 64)
+        prefetcht1(ptr[reg_pf + u * 2 * strip_cols() + off]);
+    microkernel_bf16(u);
+  }
+  void advance_sfma(int pairs, bool prefetch_next) {
+    if (prefetch_next) add(reg_pf, 2 * strip_cols() * pairs);
+    add(reg_a, 8 * pairs);  // two fp32 activations a pair
+    if (mr_ > 3) add(reg_a3, 8 * pairs);
+    add(reg_w, strip_cols() * 4 * pairs);
+  }
+
   void microkernel_fp8(int u) {
     for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 4 * u]);
     const int half_vecs = key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_;
@@ -776,19 +857,7 @@ class GemmGenerator : public JitGenerator {
         ++v;
         continue;
       }
-      if (zmm_isa()) {
-        vpmovsxbw(Ymm(ti), xword[wm]);
-        vpsllw(Ymm(ti), Ymm(ti), 7);
-        vpandd(Ymm(ti), Ymm(ti), yword[rip + c_f16_mask_]);
-        vcvtph2ps(Zmm(ti), Ymm(ti));
-        w = Zmm(ti);
-      } else {
-        vpmovsxbw(Xmm(ti), qword[wm]);
-        vpsllw(Xmm(ti), Xmm(ti), 7);
-        vpand(Xmm(ti), Xmm(ti), xword[rip + c_f16_mask_]);
-        vcvtph2ps(Ymm(ti), Xmm(ti));
-        w = Ymm(ti);
-      }
+      w = e4m3_widen(ti, wm);
       if (gacc_) {
         for (int m = 0; m < mr_; ++m) vfmadd231ps(gacc(m, v), w, row_bcast(m));
         continue;
@@ -1053,22 +1122,8 @@ class GemmGenerator : public JitGenerator {
         vpermps(val, idx, yword[rip + c_e2m1_]);
         vxorps(val, val, sgn);
         w = val;
-      } else if (zmm_isa()) {
-        const Ymm t(30);
-        const Zmm val(30);
-        vpmovsxbw(t, xword[reg_w + u * step_bytes() + v * lanes_]);
-        vpsllw(t, t, 7);
-        vpandd(t, t, yword[rip + c_f16_mask_]);
-        vcvtph2ps(val, t);
-        w = val;
       } else {
-        const Xmm t(15);
-        const Ymm val(15);
-        vpmovsxbw(t, qword[reg_w + u * step_bytes() + v * lanes_]);
-        vpsllw(t, t, 7);
-        vpand(t, t, xword[rip + c_f16_mask_]);
-        vcvtph2ps(val, t);
-        w = val;
+        w = e4m3_widen(zmm_isa() ? 30 : 15, reg_w + u * step_bytes() + v * lanes_);
       }
       if (gacc_) {
         for (int m = 0; m < mr_; ++m) vfmadd231ps(gacc(m, v), w, row_bcast(m));
@@ -1319,7 +1374,7 @@ class GemmGenerator : public JitGenerator {
 
   const KernelKey key_;
   const int lanes_, nv_, mr_;
-  const bool vnni_, int4_, bf16_, pairs_, fp8_, fp8p_, prefill_;
+  const bool vnni_, int4_, bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;
   const bool qg_, qg4_, qgb_, gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;
   // gacc_: the group accumulators of (row m, vector v), zmm8..15 (free with <= 2 rows); fp8 pair

@@ -11,6 +11,7 @@
 #include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
 #include "kernel_exec.hpp"
+#include "runtime/moe_layer.hpp"
 #include "test_util.hpp"
 
 namespace ktjit {
@@ -22,6 +23,9 @@ struct Problem {
   Epilogue epi;
   int64_t M, N, K;
   uint32_t seed;
+  // fp8: run strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel) even where the executor does
+  // not pick them (avx512, avx512_vnni); where it does (avx2, K even) they run anyway.
+  bool scratch_tiles = false;
   // fp8 at avx512_bf16 with K even runs the kBf16Pairs kernels (bf16 activations) as the executor
   // does (jit/gemm.hpp fp8_pair_kernel): prefill blocks of 6 rows and a decode remainder of 1-4
   // rows (the executor pads the rows to whole blocks; a remainder of 5 would be fp32 here).
@@ -134,14 +138,22 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
   const int max_rows = gemm_max_rows(p.isa, p.fmt);
   const int full_cols = l.strip_cols(l.strip_vecs);
   const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, p.epi);
+  // The executor's tile tier where the level has one for the format (make_gemm_kernel_set: fp8
+  // strip-scratch tiles at avx2 with K even), then prefill and decode kernels for the rest.
+  const GemmKernelSet ks = make_gemm_kernel_set(p.isa, p.fmt, p.epi, l.tail_vecs, 0, p.K % 2 == 0);
+  const bool exec_tiles = ks.tile_rows && strip_scratch_kernel(ks.tile_full);
+  const bool tiles = (exec_tiles || (p.scratch_tiles && p.K % 2 == 0)) &&
+                     p.M >= gemm_max_rows(p.isa, WeightFormat::bf16);
+  const int tile_rows = gemm_max_rows(p.isa, WeightFormat::bf16);
   auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
-                  int64_t blocks) {
+                  int64_t blocks, uint8_t variant = 0) {
     KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi, p.fmt);
+    key.variant = variant;
     if (p.fp8_pairs()) key.variant = kBf16Pairs;
     GemmArgs args{};
-    std::vector<uint8_t> scratch;  // the strip as k pairs (scratch_pair_kernel)
-    if (scratch_pair_kernel(key)) {
-      scratch.resize(size_t(l.k4 * 32 * kStripVecs));
+    std::vector<uint8_t> scratch;  // the strip as k pairs (gemm_scratch_bytes)
+    if (gemm_scratch_bytes(key, l.k4)) {
+      scratch.resize(size_t(gemm_scratch_bytes(key, l.k4)));
       args.scratch = scratch.data();
     }
     args.a = a.data() + row0 * lda;
@@ -173,9 +185,13 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     const int nv = part ? l.tail_vecs : l.strip_vecs;
     if (ns == 0) continue;
     int64_t row = 0;
-    if (p.M > max_rows) {
-      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, 0, p.M / max_rows);
-      row = p.M / max_rows * max_rows;
+    if (tiles) {
+      call(KernelKind::gemm_prefill, tile_rows, nv, s0, ns, 0, p.M / tile_rows, kStripScratch);
+      row = p.M / tile_rows * tile_rows;
+    }
+    if (p.M - row > max_rows) {
+      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, (p.M - row) / max_rows);
+      row += (p.M - row) / max_rows * max_rows;
     }
     if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
   }
@@ -308,6 +324,36 @@ TEST(Gemm, SweepMatchesReferenceBitwise) {
     EXPECT_GE(names.size(), 80u) << isa_name(isa);
   }
   EXPECT_GT(checked, 0u);
+}
+
+// fp8 strip-scratch tiles at every level that generates them: avx2, where the executor runs them
+// (the sweep above covers that too), and avx512 / avx512_vnni, where they generate but the
+// executor keeps the fp32 tiles (unmeasured there), so the zmm code is checked all the same.
+TEST(Gemm, Fp8StripScratchTilesMatchReferenceBitwise) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 kernels";
+#endif
+  uint32_t seed = 7000;
+  size_t checked = 0;
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    if (isa != IsaLevel::avx2 && isa != IsaLevel::avx512 && isa != IsaLevel::avx512_vnni) continue;
+    std::vector<std::string> names;
+    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+      for (int64_t M : {3, 8, 13, 64})  // not a multiple of 7 (make_outputs scrambles rows by 7)
+        for (int64_t N : {16, 40, 100})
+          for (int64_t K : {2, 64, 130, 256}) {
+            Problem p{isa, WeightFormat::fp8, epi, M, N, K, seed++};
+            p.scratch_tiles = true;
+            check_problem(p, &names);
+            if (HasFatalFailure()) return;
+            ++checked;
+          }
+    const auto n_scratch = std::count_if(names.begin(), names.end(), [](const std::string& n) {
+      return n.find("_scratch") != std::string::npos;
+    });
+    EXPECT_GT(n_scratch, 0) << isa_name(isa);
+  }
+  if (checked == 0) GTEST_SKIP() << "no avx2 / avx512 / avx512_vnni level runs here";
 }
 
 TEST(Gemm, SiluEpilogueMatchesMathToFp32Accuracy) {

@@ -173,6 +173,26 @@ TEST(X64Emu, TernlogBlendAndMasks) {
   }
 }
 
+// VEX vpblendw: word i of each 128-bit lane from src2 where imm bit i is set, else from src1; a
+// VEX write zeroes the register above bit 255. (The snippet loads zmm, so it runs natively only
+// on AVX-512; on AVX2 machines the dual run of the fp8 strip-scratch kernels covers it.)
+TEST(X64Emu, VpblendwPicksWordsPerLane) {
+  Regs r{};
+  for (int i = 0; i < 64; ++i) {
+    r.b[0][i] = uint8_t(i);
+    r.b[1][i] = uint8_t(100 + i);
+    r.b[3][i] = 0xee;
+  }
+  const Regs o =
+      run([](Snippet& s) { s.vpblendw(s.ymm0, s.ymm1, s.ymm2, 0xa6); }, r, IsaLevel::avx512);
+  for (int w = 0; w < 16; ++w) {
+    const bool take = (0xa6 >> (w % 8)) & 1;  // the same 8 bits in both lanes
+    for (int j = 0; j < 2; ++j)
+      EXPECT_EQ(o.b[3][2 * w + j], take ? r.b[1][2 * w + j] : r.b[0][2 * w + j]) << w;
+  }
+  for (int i = 32; i < 64; ++i) EXPECT_EQ(o.b[3][i], 0) << i;
+}
+
 TEST(X64Emu, RefusesWhatItDoesNotImplement) {
   Snippet s([](Snippet& g) { g.vpconflictd(g.zmm0, g.zmm1); });
   Regs r{};

@@ -607,6 +607,18 @@ class Machine {
         write_vreg(vid(o[0]), r, L);
         return;
       }
+      case ZYDIS_MNEMONIC_VPBLENDW: {  // VEX: word i of each 128-bit lane from src2 where imm bit i
+        src(1, a);
+        src(2, b);
+        const unsigned imm = unsigned(o[3]->imm.value.u) & 0xff;
+        for (int i = 0; i < L / 2; ++i) {
+          const bool take = (imm >> (i % 8)) & 1;
+          r[2 * i] = take ? b[2 * i] : a[2 * i];
+          r[2 * i + 1] = take ? b[2 * i + 1] : a[2 * i + 1];
+        }
+        write_vdst(rip, in, o[0], r, L);
+        return;
+      }
       case ZYDIS_MNEMONIC_VPBLENDVB:  // AVX2: the sign of each byte of the fourth operand selects
         src(1, a);
         src(2, b);
