@@ -149,7 +149,7 @@ void write_out(const KernelKey& key, const GemmArgs& args, int64_t m, int64_t co
       for (int n = 0; n < cols; ++n) out[n] = y[n];
       break;
     case Epilogue::siluup:
-      if (is_mx_format(key.format) && key.variant) {
+      if (is_mx_format(key.format) && (key.variant & (kSwigluClamp | kSwigluAlpha))) {
         for (int n = 0; n < cols / 2; ++n)
           out[n] =
               swiglu_ref(y[n], y[n + cols / 2], key.variant, args.swiglu_limit, args.swiglu_alpha);
@@ -225,6 +225,7 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
 void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
   const bool fp4 = key.format == WeightFormat::mxfp4;
   const bool gacc = decode_group_accumulate(key);
+  const bool scratch = strip_scratch_kernel(key);  // w' as the bf16 pairs of the scratch
   const int lanes = vec_lanes(key.isa);
   const int cols = key.n_vec * lanes;
   const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
@@ -277,7 +278,12 @@ void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
             v = mx_e4m3_scaled(gw[kl * cols + n]);
           }
           if (!gacc) {
-            acc = std::fma(a[k], v * scale, acc);
+            // scratch: the bf16 pair (top 16 bits). Written as one mask: GCC 12.2 at -O1/-O2
+            // drops `if (scratch) w = f32_from_bits(f32_to_bits(w) & 0xffff0000u)` altogether
+            // (reproduced in a 20-line program; the kernel sweep caught it here).
+            const uint32_t wb = f32_to_bits(v * scale) & (scratch ? 0xffff0000u : ~0u);
+            const float w = f32_from_bits(wb);
+            acc = std::fma(a[k], w, acc);
             continue;
           }
           g = std::fma(a[k], v, g);  // the group's products unscaled, then one fold per group

@@ -321,17 +321,19 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant = kBf16Pairs;
-  } else if (isa == IsaLevel::avx2 && fmt == WeightFormat::fp8 && k_pairs) {
+  } else if (isa == IsaLevel::avx2 &&
+             ((fmt == WeightFormat::fp8 && k_pairs) || is_mx_format(fmt))) {
     // Strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel): the strip decoded once to bf16 k
     // pairs, then 3-row blocks of the bf16 FMA microkernel, from one full block on. The fp32
-    // prefill tiles have 2 rows and decode every weight again for each pair of rows (about 31 % of
-    // the FMA peak at Qwen3 T = 1024 on Zen 3); the remainder of 1-2 rows keeps the decode tiles.
-    // avx512 and avx512_vnni keep their 6-row fp32 tiles: the same kernels generate there but
-    // have not been measured on such a CPU.
+    // prefill tiles have 2-3 rows and decode every weight again for each block (FP8 held about
+    // 30 % of the FMA peak at Qwen3 T = 1024 on Zen 3); the remainder of 1-2 rows keeps the decode
+    // tiles. avx512 and avx512_vnni keep their 6-row fp32 tiles: the same kernels generate there
+    // but have not been measured on such a CPU. (MX K is a multiple of 32: always k pairs.)
     ks.tile_rows = ks.tile_min_rows = gemm_max_rows(isa, WeightFormat::bf16);
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
-    ks.tile_full.variant = ks.tile_tail.variant = kStripScratch;
+    ks.tile_full.variant = ks.tile_tail.variant =
+        uint8_t(variant | kStripScratch);  // + SwiGLU bits
   } else if (isa == IsaLevel::neon_bf16 && fmt == WeightFormat::bf16) {
     // bfdot pair kernels (jit/aarch64/gemm_a64.cpp): 6-row blocks reading the k-pair strips in
     // place, from kNeonBf16PairMinRows rows (see there).

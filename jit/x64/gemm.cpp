@@ -47,14 +47,14 @@ class GemmGenerator : public JitGenerator {
         mx4_(key.format == WeightFormat::mxfp4),
         mx8_(key.format == WeightFormat::mxfp8),
         mx_(mx4_ || mx8_),
-        gacc_(decode_group_accumulate(key) || fp8p_ || sfma_),
+        gacc_(decode_group_accumulate(key) || fp8p_ || (sfma_ && fp8_)),
         i16_(mx_int16_activations(key)) {
     if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
         key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8 && !qg_ && !mx_)
       throw std::invalid_argument(
           "gemm: weight format must be int8, int4, bf16, fp8, qgroup, mxfp4 or mxfp8");
-    if (mx_ && ((key.variant & ~(kSwigluClamp | kSwigluAlpha)) ||
-                (key.variant && key.epilogue != Epilogue::siluup)))
+    if (mx_ && ((key.variant & ~(kSwigluClamp | kSwigluAlpha | kStripScratch)) ||
+                ((key.variant & ~kStripScratch) && key.epilogue != Epilogue::siluup)))
       throw std::invalid_argument("gemm: mx variant bits are siluup SwiGLU options: " +
                                   key.describe());
     if (bf16_ && (key.variant & ~kBf16Pairs))
@@ -68,12 +68,10 @@ class GemmGenerator : public JitGenerator {
     if (fp8_ && (key.variant & ~(kBf16Pairs | kStripScratch)))
       throw std::invalid_argument("gemm: unknown fp8 variant bits: " + key.describe());
     if ((key.variant & kStripScratch) &&
-        (!fp8_ || key.kind != KernelKind::gemm_prefill || (key.variant & kBf16Pairs) ||
-         key.isa == IsaLevel::avx512_bf16))
+        (!(fp8_ || mx_) || key.kind != KernelKind::gemm_prefill ||
+         (fp8_ && (key.variant & kBf16Pairs)) || key.isa == IsaLevel::avx512_bf16))
       throw std::invalid_argument(
-          "gemm: strip-scratch kernels are fp8 prefill below avx512_bf16 (which runs the "
-          "vdpbf16ps pair kernels): " +
-          key.describe());
+          "gemm: strip-scratch kernels are fp8 / mx prefill below avx512_bf16: " + key.describe());
     if (fp8p_ && (key.isa != IsaLevel::avx512_bf16 ||
                   (key.kind == KernelKind::gemm_decode && key.m_r > kFp8PairMaxRows)))
       throw std::invalid_argument(
@@ -216,7 +214,9 @@ class GemmGenerator : public JitGenerator {
         mov(reg_tmp2, reg_strip);
         mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
         shr(reg_tmp, 1);
-        if (sfma_)
+        if (sfma_ && mx_)
+          mx_fma_repack();
+        else if (sfma_)
           fp8_fma_repack();
         else
           fp8_pair_repack();
@@ -308,7 +308,7 @@ class GemmGenerator : public JitGenerator {
       vmovups(Zmm(29), zword[rip + c_e2m1_w_]);  // 2 * e2m1 as int16, twice
     else if (i16_)  // avx2: |2 * e2m1| bytes in both lanes, and the word nibble mask
       mx_i16_avx2_constants();
-    else if (mx4_ && zmm_isa() && mr_ < 6)
+    else if (mx4_ && zmm_isa() && mr_ < 6 && !sfma_)
       vmovups(Zmm(29), zword[rip + c_e2m1_]);  // e2m1 table
     zero_accumulators();
     k_loop(prefetch_next);
@@ -573,25 +573,30 @@ class GemmGenerator : public JitGenerator {
       k_loop_fp8(prefetch_next);
       return;
     }
-    if (mx_) {
+    if (mx_ && !sfma_) {
       k_loop_mx(prefetch_next);
       return;
     }
-    // K steps (bf16: k pairs) unrolled by kUnroll, then one by one.
+    // K steps (bf16, mx strip-scratch: k pairs) unrolled by kUnroll, then one by one.
     auto step = [&](int u) {
-      if (pairs_)
+      if (sfma_)
+        microkernel_sfma(u, prefetch_next);
+      else if (pairs_)
         microkernel_pairs(u, prefetch_next);
       else
         microkernel(u, prefetch_next);
     };
     auto move_on = [&](int steps) {
-      if (pairs_)
+      if (sfma_)
+        advance_sfma(steps, prefetch_next);
+      else if (pairs_)
         advance_pairs(steps, prefetch_next);
       else
         advance(steps, prefetch_next);
     };
     Label loop, tail, tail_loop, done;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
+    if (sfma_) shr(reg_k, 1);  // mx strip-scratch: k pairs (K a multiple of 32)
     cmp(reg_k, kUnroll);
     jl(tail, T_NEAR);
     L(loop);
@@ -743,7 +748,7 @@ class GemmGenerator : public JitGenerator {
   // accumulators wait on the stack, one load / FMA / store per group (64 k pairs).
   static constexpr int kFp8AccStack = kFp8ScaleStack + 2 * 64;
   static constexpr int kFp8PairMaxRows = 4;
-  bool fp8_stack_acc() const { return (fp8p_ && mr_ > 2) || sfma_; }
+  bool fp8_stack_acc() const { return (fp8p_ && mr_ > 2) || (sfma_ && fp8_); }
   // fp8 pair prefill reads the strip decoded to bf16 k pairs in GemmArgs::scratch (bf16 strips
   // are k pairs already: the bf16 pair kernels read them in place).
   bool scratch_pairs() const { return (fp8p_ && prefill_) || sfma_; }
@@ -785,6 +790,101 @@ class GemmGenerator : public JitGenerator {
     return Ymm(i);
   }
 
+  // The top 16 bits of e (low half) and o (high half) as bf16 pairs, stored at `dst`.
+  void bf16_pair_store(const Xmm& e, const Xmm& o, const Address& dst) {
+    vpsrld(e, e, 16);
+    if (zmm_isa())
+      vpternlogd(e, o, zword[rip + c_hi16_], 0xf8);  // e | (o & 0xffff0000)
+    else
+      vpblendw(e, e, o, 0xaa);  // the odd words (high halves) from o
+    vmovups(dst, e);
+  }
+
+  // mx strip-scratch kernels: the strip at reg_tmp2 (g_per_strip groups of 32 k: the columns'
+  // exponent bytes, then the weights) into the scratch at reg_pf as bf16 k pairs of the top 16
+  // bits of value * scale (the fp32 product the fp32 kernels multiply by: exact but for an fp32
+  // subnormal product, which keeps its top bits; jit/gemm.hpp strip_scratch_kernel).
+  // Scales in vreg(8 + v); mxfp4 takes e2m1 through vpermps (zmm: the 16-entry table in a
+  // register; ymm: 3 index bits give the magnitude, the nibble's bit 3 moved to the sign).
+  void mx_fma_repack() {
+    Label group, pair, done;
+    const int cols = strip_cols();
+    mov(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));
+    test(reg_tmp, reg_tmp);
+    jle(done, T_NEAR);
+    if (mx4_ && zmm_isa()) vmovups(Zmm(16), zword[rip + c_e2m1_]);
+    L(group);
+    {
+      for (int v = 0; v < nv_; ++v) {
+        const Xmm sc = vreg(8 + v);
+        if (zmm_isa())
+          vpmovzxbd(sc, xword[reg_tmp2 + v * lanes_]);
+        else
+          vpmovzxbd(sc, qword[reg_tmp2 + v * lanes_]);
+        vpslld(sc, sc, 23);
+      }
+      add(reg_tmp2, cols);
+      if (mx8_) {        // [k][column] bytes: 16 pairs of rows
+        mov(reg_k, 16);  // free until the M blocks
+        L(pair);
+        for (int v = 0; v < nv_; ++v) {
+          const Xmm e = e4m3_widen(0, reg_tmp2 + v * lanes_);
+          const Xmm o = e4m3_widen(1, reg_tmp2 + cols + v * lanes_);
+          vmulps(e, e, vreg(8 + v));
+          vmulps(o, o, vreg(8 + v));
+          bf16_pair_store(e, o, vmem(reg_pf + v * vec_bytes()));
+        }
+        add(reg_tmp2, 2 * cols);
+        add(reg_pf, nv_ * vec_bytes());
+        dec(reg_k);
+        jnz(pair, T_NEAR);
+      } else {  // [k/8][column][4 bytes]: nibble j of a column's dword is k0 + j
+        for (int d = 0; d < 4; ++d)
+          for (int v = 0; v < nv_; ++v) {
+            const Xmm raw = vreg(12);
+            vmovups(raw, vmem(reg_tmp2 + (d * cols + v * lanes_) * 4));
+            for (int p = 0; p < 4; ++p) {
+              const Xmm e = e2m1_widen(0, raw, 8 * p), o = e2m1_widen(1, raw, 8 * p + 4);
+              vmulps(e, e, vreg(8 + v));
+              vmulps(o, o, vreg(8 + v));
+              bf16_pair_store(e, o, vmem(reg_pf + ((d * 4 + p) * nv_ + v) * vec_bytes()));
+            }
+          }
+        add(reg_tmp2, 16 * cols);
+        add(reg_pf, 16 * nv_ * vec_bytes());
+      }
+      dec(reg_tmp);
+      jnz(group, T_NEAR);
+    }
+    L(done);
+  }
+  // The e2m1 nibble at bit `shift` of each dword of `raw` as fp32 in vreg(i) (vreg(i + 2) a
+  // temporary on ymm).
+  Xmm e2m1_widen(int i, const Xmm& raw, int shift) {
+    const Xmm x = vreg(i);
+    if (zmm_isa()) {  // vpermps reads index bits 3..0
+      if (shift)
+        vpsrld(x, raw, uint8_t(shift));
+      else
+        vmovaps(x, raw);
+      vpermps(Zmm(i), Zmm(i), Zmm(16));
+      return x;
+    }
+    const Xmm sgn = vreg(i + 2);
+    if (shift < 28)
+      vpslld(sgn, raw, uint8_t(28 - shift));  // bit 3 of the nibble to bit 31
+    else
+      vmovaps(sgn, raw);
+    vpand(sgn, sgn, cpool(c_sign_));
+    if (shift)
+      vpsrld(x, raw, uint8_t(shift));
+    else
+      vmovaps(x, raw);
+    vpermps(Ymm(i), Ymm(i), yword[rip + c_e2m1_]);  // index bits 2..0: the magnitude
+    vxorps(x, x, sgn);
+    return x;
+  }
+
   // Strip-scratch kernels (strip_scratch_kernel): the strip at reg_tmp2 (reg_tmp k pairs, >= 1)
   // into the scratch at reg_pf as bf16 k pairs, [k/2][vector][lanes_ columns][2]: rows k and
   // k + 1 widened (value * 2^-8, exact), and the top 16 bits of each (exact: <= 4 significant
@@ -799,12 +899,7 @@ class GemmGenerator : public JitGenerator {
     for (int v = 0; v < nv_; ++v) {
       const Xmm e = e4m3_widen(0, reg_tmp2 + v * lanes_);
       const Xmm o = e4m3_widen(1, reg_tmp2 + cols + v * lanes_);
-      vpsrld(e, e, 16);
-      if (zmm_isa())
-        vpternlogd(e, o, zword[rip + c_hi16_], 0xf8);  // e | (o & 0xffff0000)
-      else
-        vpblendw(e, e, o, 0xaa);  // the odd words (high halves) from o
-      vmovups(vmem(reg_pf + v * vec_bytes()), e);
+      bf16_pair_store(e, o, vmem(reg_pf + v * vec_bytes()));
     }
     add(reg_tmp2, 2 * cols);
     add(reg_pf, nv_ * vec_bytes());
@@ -814,14 +909,16 @@ class GemmGenerator : public JitGenerator {
   }
   // One k pair of a strip-scratch kernel: the first block of a strip prefetches the next strip's
   // packed bytes (2 * strip_cols() a pair, one line or less), then the bf16 FMA microkernel.
+  // Packed bytes of a k pair in the strip (mx: the exponent bytes left out).
+  int sfma_pair_bytes() const { return mx4_ ? strip_cols() : 2 * strip_cols(); }
   void microkernel_sfma(int u, bool prefetch_next) {
     if (prefetch_next)
-      for (int off = 0; off < 2 * strip_cols(); off += 64)
-        prefetcht1(ptr[reg_pf + u * 2 * strip_cols() + off]);
+      for (int off = 0; off < sfma_pair_bytes(); off += 64)
+        prefetcht1(ptr[reg_pf + u * sfma_pair_bytes() + off]);
     microkernel_bf16(u);
   }
   void advance_sfma(int pairs, bool prefetch_next) {
-    if (prefetch_next) add(reg_pf, 2 * strip_cols() * pairs);
+    if (prefetch_next) add(reg_pf, sfma_pair_bytes() * pairs);
     add(reg_a, 8 * pairs);  // two fp32 activations a pair
     if (mr_ > 3) add(reg_a3, 8 * pairs);
     add(reg_w, strip_cols() * 4 * pairs);

@@ -540,8 +540,9 @@ def _markdown_table(results: List[Dict]) -> str:
 
 
 #: Methods whose prefill runs on AMX tiles at isa amx (runtime/moe_layer.cpp's kernel choice).
-AMX_INT8_METHODS = ("AMXINT8", "MOE_INT8")
-AMX_BF16_METHODS = ("BF16",)
+# Methods whose prefill tiles (experts with >= 16 rows) run on AMX at isa amx.
+AMX_INT8_METHODS = ("AMXINT8", "MOE_INT8", "AMXINT4", "MOE_INT4")
+AMX_BF16_METHODS = ("BF16", "FP8", "FP8_PERCHANNEL", "MXFP4", "MXFP8")
 
 
 def _limits_lines(lim: Dict, read_bw: float, peak: float, peak_name: str, threads: int) -> str:
@@ -772,13 +773,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         read_bw = float(lim["read_gbs_2t"])
     vnni = isa in VNNI_LEVELS and float(lim.get("peak_vnni_gops", 0.0)) > 0
-    if args.method in ("BF16", "FP8", "FP8_PERCHANNEL"):  # widened to fp32, vfmadd231ps
+    # widened to fp32, vfmadd231ps (MX too: its int16 decode tiles are bandwidth-bound)
+    if args.method in ("BF16", "FP8", "FP8_PERCHANNEL") + MX_METHODS:
         peak_name, peak_key = "vfmadd231ps", "peak_fma_gflops"
     else:
         peak_name = "vpdpbusd" if vnni else "vpmaddubsw"
         peak_key = "peak_vnni_gops" if vnni else "peak_maddubsw_gops"
     # At isa amx the prefill tiles of experts with >= 16 rows run on AMX: their roof is the tile
-    # unit's peak (AMX-INT8 for the per-row int8 formats, AMX-BF16 for BF16).
+    # unit's peak (AMX-INT8 for the per-row int8 / int4 formats, AMX-BF16 for BF16, FP8 and MX).
     if isa == "amx" and args.method in AMX_INT8_METHODS and lim.get("peak_amx_int8_gops"):
         peak_name, peak_key = "tdpbusd", "peak_amx_int8_gops"
     elif isa == "amx" and args.method in AMX_BF16_METHODS and lim.get("peak_amx_bf16_gflops"):

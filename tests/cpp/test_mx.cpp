@@ -135,6 +135,9 @@ struct Problem {
   uint8_t variant;
   int64_t M, N, K;
   uint32_t seed;
+  // Run strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel) even where the executor does not
+  // pick them (avx512, avx512_vnni); where it does (avx2) they run anyway.
+  bool scratch_tiles = false;
   std::string repro() const {
     std::ostringstream s;
     s << "repro: KT_JIT_ISA=" << isa_name(isa)
@@ -187,19 +190,48 @@ KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
   return k;
 }
 
-// All M rows over all strips as the executor runs them: prefill blocks + a decode remainder,
-// full strips then the tail strip.
+// How the executor splits the M rows: blocks of its tile tier where make_gemm_kernel_set gives
+// one (strip-scratch tiles at avx2), then prefill blocks, then a decode remainder from rem0.
+struct RowSplit {
+  int tile_rows = 0, max_rows = 0;
+  int64_t tile_blocks = 0, prefill_blocks = 0, rem0 = 0;
+};
+RowSplit split_rows(const Problem& p) {
+  RowSplit s;
+  s.max_rows = gemm_max_rows(p.isa, p.fmt);
+  const GemmKernelSet ks = make_gemm_kernel_set(p.isa, p.fmt, p.epi, kStripVecs, p.variant, true);
+  if ((ks.tile_rows && strip_scratch_kernel(ks.tile_full)) || p.scratch_tiles) {
+    s.tile_rows = gemm_max_rows(p.isa, WeightFormat::bf16);
+    if (p.M >= s.tile_rows) s.tile_blocks = p.M / s.tile_rows;
+  }
+  int64_t row = s.tile_blocks * s.tile_rows;
+  if (p.M - row > s.max_rows) {
+    s.prefill_blocks = (p.M - row) / s.max_rows;
+    row += s.prefill_blocks * s.max_rows;
+  }
+  s.rem0 = row;
+  return s;
+}
+
+// All M rows over all strips as the executor runs them (split_rows), full strips then the tail
+// strip.
 void run_all(const Problem& p, const Packed& pk, const std::vector<float>& a, int64_t lda_floats,
              std::vector<float*>& out_rows, const std::vector<float>& rw, bool use_ref,
              std::vector<std::string>* names) {
   const auto& l = pk.layout;
-  const int max_rows = gemm_max_rows(p.isa, p.fmt);
+  const RowSplit sp = split_rows(p);
   const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, p.epi);
   std::vector<float> ones(size_t(p.M), 1.0f);
+  std::vector<uint8_t> scratch;
   auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
-                  int64_t blocks) {
-    const KernelKey key = key_for(p, kind, m_r, nv);
+                  int64_t blocks, uint8_t extra_variant = 0) {
+    KernelKey key = key_for(p, kind, m_r, nv);
+    key.variant |= extra_variant;
     GemmArgs args{};
+    if (const int64_t bytes = gemm_scratch_bytes(key, l.k4)) {
+      scratch.assign(size_t(bytes), 0xcd);
+      args.scratch = scratch.data();
+    }
     args.a = reinterpret_cast<const int8_t*>(a.data() + row0 * lda_floats);
     args.lda = lda_floats * 4;
     std::vector<uint8_t> a16;  // mxfp4 decode tiles on AVX-512: int16 group codes
@@ -235,12 +267,12 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<float>& a, in
     const int64_t ns = part ? (l.tail_vecs ? 1 : 0) : l.full_strips;
     const int nv = part ? l.tail_vecs : l.strip_vecs;
     if (ns == 0) continue;
-    int64_t row = 0;
-    if (p.M > max_rows) {
-      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, 0, p.M / max_rows);
-      row = p.M / max_rows * max_rows;
-    }
-    if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
+    if (sp.tile_blocks)
+      call(KernelKind::gemm_prefill, sp.tile_rows, nv, s0, ns, 0, sp.tile_blocks, kStripScratch);
+    if (sp.prefill_blocks)
+      call(KernelKind::gemm_prefill, sp.max_rows, nv, s0, ns, sp.tile_blocks * sp.tile_rows,
+           sp.prefill_blocks);
+    if (p.M > sp.rem0) call(KernelKind::gemm_decode, int(p.M - sp.rem0), nv, s0, ns, sp.rem0, 1);
   }
 }
 
@@ -269,8 +301,7 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
   if (p.epi != Epilogue::store) return;
   // The reference against float64 over independently dequantized weights. Rows of an mxfp4
   // decode remainder on AVX-512 met the activations as int16 codes: those rows take q * d.
-  const int max_rows = gemm_max_rows(p.isa, p.fmt);
-  const int64_t rem0 = p.M > max_rows ? p.M / max_rows * max_rows : 0;
+  const int64_t rem0 = split_rows(p).rem0;
   KernelKey rem_key = key_for(p, KernelKind::gemm_decode, int(std::max<int64_t>(1, p.M - rem0)), 4);
   std::vector<double> ad(af.begin(), af.end());
   if (mx_int16_activations(rem_key)) {
@@ -346,6 +377,40 @@ TEST(MxGemm, SweepMatchesReferenceBitwise) {
     EXPECT_GE(names.size(), 80u) << isa_name(isa);
   }
   EXPECT_GT(checked, 0u);
+}
+
+// mx strip-scratch tiles at every level that generates them: avx2, where the executor runs them
+// (the sweep above covers that too), and avx512 / avx512_vnni, where they generate but the
+// executor keeps the fp32 tiles (unmeasured there), so the zmm code is checked all the same.
+TEST(MxGemm, StripScratchTilesMatchReferenceBitwise) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 generators";
+#endif
+  uint32_t seed = 5000;
+  size_t checked = 0;
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    if (isa != IsaLevel::avx2 && isa != IsaLevel::avx512 && isa != IsaLevel::avx512_vnni) continue;
+    std::vector<std::string> names;
+    for (WeightFormat fmt : {WeightFormat::mxfp4, WeightFormat::mxfp8})
+      for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+        for (int64_t M : {3, 8, 13, 64})  // not multiples of 7 (row scramble)
+          for (int64_t N : {16, 40, 100})
+            for (int64_t K : {32, 96}) {
+              const uint8_t variant = epi != Epilogue::siluup ? 0
+                                      : K == 32               ? kSwigluClamp
+                                                : uint8_t(kSwigluClamp | kSwigluAlpha);
+              Problem p{isa, fmt, epi, variant, M, N, K, seed++};
+              p.scratch_tiles = true;
+              check_problem(p, &names);
+              if (HasFatalFailure()) return;
+              ++checked;
+            }
+    const auto n_scratch = std::count_if(names.begin(), names.end(), [](const std::string& n) {
+      return n.find("_scratch") != std::string::npos;
+    });
+    EXPECT_GT(n_scratch, 0) << isa_name(isa);
+  }
+  if (checked == 0) GTEST_SKIP() << "no avx2 / avx512 / avx512_vnni level runs here";
 }
 
 TEST(MxGemm, KeysNameFormatAndVariant) {
