@@ -1,6 +1,7 @@
 // Packing of k-group scaled integer matrices (formats/grouped.hpp) into the qgroup strips.
 #include "formats/grouped.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -28,8 +29,20 @@ StripLayout qgroup_layout(int64_t n, int64_t k, int lanes, int strip_vecs, int s
   return l;
 }
 
-void qgroup_kernel_lut(const GroupedSpec& spec, bool flip, int8_t out[16]) {
-  for (int i = 0; i < 16; ++i) out[i] = int8_t(uint8_t(spec.lut[i]) ^ (flip ? 0x80u : 0u));
+void qgroup_kernel_lut(const GroupedSpec& spec, bool flip, int8_t out[16], int offset) {
+  for (int i = 0; i < 16; ++i) out[i] = int8_t(uint8_t(spec.lut[i] + offset) ^ (flip ? 0x80u : 0u));
+}
+
+int qgroup_lut_offset(const GroupedSpec& spec) {
+  if (spec.code_bits != 4) return -1;
+  int lo = 127, hi = -128;
+  for (int8_t v : spec.lut) {
+    lo = std::min(lo, int(v));
+    hi = std::max(hi, int(v));
+  }
+  int c0 = 0;
+  while (lo + c0 < 0) c0 = c0 ? 2 * c0 : 1;
+  return hi + c0 <= 129 ? c0 : -1;
 }
 
 void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const GroupedSlice* src,

@@ -71,8 +71,15 @@ void unpack_qgroup_row(const StripLayout& layout, const GroupedSpec& spec, const
                        bool flip, int src, int64_t row, int64_t k0, int64_t k1, int8_t* codes,
                        float* scales, float* biases);
 
-// The 16-entry table the nibble kernels take (XOR 0x80 when flip).
-void qgroup_kernel_lut(const GroupedSpec& spec, bool flip, int8_t out[16]);
+// The 16-entry table the nibble kernels take (XOR 0x80 when flip; + offset for the offset-code
+// kernels, jit/kernel.hpp kQGroupOffset).
+void qgroup_kernel_lut(const GroupedSpec& spec, bool flip, int8_t out[16], int offset = 0);
+
+// The offset c0 of the offset-code kernels for a 4-bit table: 0 when every entry is in [0, 127],
+// else the smallest power of two with every entry + c0 in [0, 129] (vpmaddubsw's pair sums then
+// stay within int16 for activations in [-127, 127]); -1 when none exists (IQ4's table spans
+// -127..113) or the codes are bytes.
+int qgroup_lut_offset(const GroupedSpec& spec);
 
 // Shard bounds [0, ..., I] splitting I into `shards` parts on multiples of `group` (as even as
 // whole groups allow; fewer parts when I has fewer groups).

@@ -243,9 +243,21 @@ float bfdot_lane(float acc, uint32_t a, uint32_t b);
 inline bool qgroup_flip_codes(IsaLevel isa) {
   return int8_activation_offset(isa);
 }
-// qgroup: whether the kernels read GemmArgs::a_gsum (the VNNI offset or the bias term).
-inline bool qgroup_needs_gsum(IsaLevel isa, bool bias) {
-  return bias || qgroup_flip_codes(isa);
+// qgroup kOffsetCodes keys (kQGroupOffset): the offset c0 the table carries (0 or a power of two).
+inline int qgroup_code_offset(const KernelKey& key) {
+  const int s = key.variant >> 4;
+  return (key.variant & kQGroupOffset) && s ? 1 << (s - 1) : 0;
+}
+// The variant bits of offset codes with offset c0 (0 or a power of two up to 128).
+inline uint8_t qgroup_offset_variant(int c0) {
+  int s = 0;
+  while (c0 >> s) ++s;
+  return uint8_t(kQGroupOffset | s << 4);
+}
+// qgroup: whether the kernels read GemmArgs::a_gsum (the VNNI offset, the bias term, or the
+// offset codes' c0 * s_g).
+inline bool qgroup_needs_gsum(const KernelKey& key) {
+  return (key.variant & kQGroupBias) || qgroup_flip_codes(key.isa) || qgroup_code_offset(key);
 }
 
 // Strips are 4 vectors of columns wide; a tail strip may hold fewer vectors.

@@ -173,6 +173,9 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
   const int rows = key.m_r;
   const uint8_t flip = qgroup_flip_codes(key.isa) ? 0x80 : 0;
+  // offset codes (kQGroupOffset): the table holds code + c0, read unsigned; c0 * s_g comes off
+  const bool offset = key.variant & kQGroupOffset;
+  const int32_t c0 = qgroup_code_offset(key);
   const int64_t code_bytes = args.g_steps * cols * 4 / (nib ? 2 : 1);
   const int64_t group_bytes = code_bytes + int64_t(cols) * 4 * (bias ? 2 : 1);
   const int8_t* w = args.w;
@@ -187,9 +190,8 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
           const int8_t* gw = w + g * group_bytes;
           // As the kernel sees them: VNNI levels multiply a by the stored byte as unsigned
           // (code + 128) and remove 128 * s_g (read from a_gsum); the others by the signed code.
-          const int32_t gs = args.a_gsum && qgroup_needs_gsum(key.isa, bias)
-                                 ? args.a_gsum[g * (args.a_gsum_ld / 4) + m]
-                                 : 0;
+          const int32_t gs =
+              args.a_gsum && qgroup_needs_gsum(key) ? args.a_gsum[g * (args.a_gsum_ld / 4) + m] : 0;
           int32_t acc = 0;
           for (int64_t st = 0; st < args.g_steps; ++st)
             for (int j = 0; j < 4; ++j) {
@@ -201,10 +203,11 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
               } else {
                 b = uint8_t(gw[st * cols * 4 + n * 4 + j]);
               }
-              acc += av * (flip ? int32_t(b) : int32_t(int8_t(b)));
+              acc += av * (flip || offset ? int32_t(b) : int32_t(int8_t(b)));
             }
           float sc, bi;
           if (flip) acc -= 128 * gs;
+          if (offset) acc -= c0 * gs;
           std::memcpy(&sc, gw + code_bytes + n * 4, 4);
           t = std::fma(sc, float(acc), t);
           if (bias) {

@@ -45,6 +45,12 @@ constexpr uint8_t kSwigluAlpha = 2;  // h = g * sigmoid(alpha * g) * (u + 1)
 // KernelKey::variant bits of WeightFormat::qgroup kernels.
 constexpr uint8_t kQGroupNibbles = 1;  // codes stored as 4-bit indices into GemmArgs::lut
 constexpr uint8_t kQGroupBias = 2;     // a per-(column, group) offset term
+// Nibble codes whose 4-bit table spans at most 129 values (Q4_0, Q4_1, Q4_K, RAWINT4, GPTQ_INT4;
+// not IQ4): the kernels take table + c0 (c0 = 0 or a power of two, so every entry is in [0, 129])
+// as the unsigned operand of vpmaddubsw with the signed activations, no sign step, and subtract
+// c0 * s_g per group. c0's log2 + 1 is in variant bits 4..7 (0: c0 = 0). jit/gemm.hpp
+// qgroup_code_offset.
+constexpr uint8_t kQGroupOffset = 4;
 
 // KernelKey::variant bit of kernels at avx512_bf16 that take bf16 activation pairs and multiply
 // with vdpbf16ps: WeightFormat::bf16 prefill over the strip re-laid as k pairs (jit/gemm.hpp

@@ -57,7 +57,10 @@ std::string KernelKey::name() const {
   if (kind == KernelKind::gemm_decode || kind == KernelKind::gemm_prefill) {
     s << '_';
     if (format == WeightFormat::qgroup)  // qg8, qg4, qg8b, qg4b: code storage and bias term
-      s << "qg" << (variant & kQGroupNibbles ? 4 : 8) << (variant & kQGroupBias ? "b" : "");
+      s << "qg" << (variant & kQGroupNibbles ? 4 : 8) << (variant & kQGroupBias ? "b" : "")
+        << (variant & kQGroupOffset
+                ? "u" + std::to_string((variant >> 4) ? 1 << ((variant >> 4) - 1) : 0)
+                : "");
     else
       s << format_name(format);
     s << '_' << isa_tag(isa) << "_m" << int(m_r) << 'n' << int(n_vec) * vec_lanes(isa) << '_'

@@ -28,6 +28,15 @@ constexpr int kBf16PairMinRows = 12;
 // block plus a decode remainder), so padding the last block is the cheaper way.
 constexpr int kNeonBf16PairMinRows = 6;
 
+// qgroup offset codes (jit/kernel.hpp kQGroupOffset) at avx2, for 4-bit tables that allow them:
+// c0, or -1 for the sign-step kernels. Per (row, vector) and K step they need 3 vector
+// instructions instead of 5 (vpsignb and vpabsb go). avx512 (no VNNI) has the same kernels, checked
+// in the interpreter, but keeps its vpblendmb ones until a CPU measures them; VNNI levels already
+// take the codes unsigned (+ 128).
+int qgroup_offset(IsaLevel isa, const formats::GroupedSpec& g) {
+  return isa == IsaLevel::avx2 ? formats::qgroup_lut_offset(g) : -1;
+}
+
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
@@ -172,8 +181,8 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     qg_gu_ = *gu;
     qg_down_ = *down;
     const bool fl = qgroup_flip_codes(isa);
-    formats::qgroup_kernel_lut(qg_gu_, fl, qg_lut_[0]);
-    formats::qgroup_kernel_lut(qg_down_, fl, qg_lut_[1]);
+    formats::qgroup_kernel_lut(qg_gu_, fl, qg_lut_[0], std::max(0, qgroup_offset(isa, qg_gu_)));
+    formats::qgroup_kernel_lut(qg_down_, fl, qg_lut_[1], std::max(0, qgroup_offset(isa, qg_down_)));
   } else if (gu || down) {
     throw std::invalid_argument(
         "grouped storage (gu_group, down_group, ...) applies to "
@@ -384,8 +393,10 @@ std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, 
 void MoELayer::build_kernels() {
   auto& cache = KernelCache::instance();
   for (Shard& sh : shards_) {
-    auto qg_variant = [](const formats::GroupedSpec& g) {
-      return uint8_t((g.code_bits == 4 ? kQGroupNibbles : 0) | (g.bias ? kQGroupBias : 0));
+    auto qg_variant = [&](const formats::GroupedSpec& g) {
+      const int c0 = qgroup_offset(isa_, g);
+      return uint8_t((g.code_bits == 4 ? kQGroupNibbles : 0) | (g.bias ? kQGroupBias : 0) |
+                     (c0 >= 0 ? qgroup_offset_variant(c0) : 0));
     };
     const bool qg = format_ == WeightFormat::qgroup;
     auto k_pairs = [](const formats::StripLayout& l) { return l.k % 2 == 0 && l.g_steps % 2 == 0; };
@@ -745,8 +756,7 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
   // qgroup: the rows' per-group activation sums s_g ([g][row], GemmArgs::a_gsum) for the VNNI
   // offset and the bias term, computed here once per call from the int8 rows the kernels read.
   const int32_t* gsum = nullptr;
-  if (format_ == WeightFormat::qgroup &&
-      qgroup_needs_gsum(ks.isa, ks.prefill_full.variant & kQGroupBias)) {
+  if (format_ == WeightFormat::qgroup && qgroup_needs_gsum(ks.prefill_full)) {
     static thread_local std::vector<int32_t> gs;
     const int64_t G = layout.g_steps * 4, groups = layout.groups();
     gs.resize(size_t(groups * rows));

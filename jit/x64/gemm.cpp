@@ -42,7 +42,9 @@ class GemmGenerator : public JitGenerator {
         qg_(key.format == WeightFormat::qgroup),
         qg4_(qg_ && (key.variant & kQGroupNibbles)),
         qgb_(qg_ && (key.variant & kQGroupBias)),
-        gsum_(qg_ && qgroup_needs_gsum(key.isa, qgb_)),
+        qgo_(qg_ && (key.variant & kQGroupOffset)),
+        qc0_(qgroup_code_offset(key)),
+        gsum_(qg_ && qgroup_needs_gsum(key)),
         nib_(int4_ || qg4_),
         mx4_(key.format == WeightFormat::mxfp4),
         mx8_(key.format == WeightFormat::mxfp8),
@@ -77,8 +79,13 @@ class GemmGenerator : public JitGenerator {
       throw std::invalid_argument(
           "gemm: fp8 pair kernels (vdpbf16ps) are at avx512_bf16, decode ones of <= 4 rows: " +
           key.describe());
-    if (qg_ && (key.variant & ~(kQGroupNibbles | kQGroupBias)))
+    if (qg_ && ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | 0xf0)) ||
+                ((key.variant & 0xf0) && !qgo_)))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
+    if (qgo_ && (!qg4_ || vnni_ || qc0_ > 128))
+      throw std::invalid_argument(
+          "gemm: offset codes are nibble kernels below the VNNI levels, offset <= 128: " +
+          key.describe());
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
       throw std::invalid_argument("gemm: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));
@@ -472,13 +479,15 @@ class GemmGenerator : public JitGenerator {
   // first (the codes' +128).
   void qgroup_group_end(bool prefetch_next) {
     const Xmm gs = qtmp(0);                  // s_g of the row, broadcast
-    const Xmm gc = vnni_ ? qw(0) : qtmp(1);  // 128 * s_g
+    const Xmm gc = vnni_ ? qw(0) : qtmp(1);  // 128 * s_g (VNNI), c0 * s_g (offset codes)
+    int shift = vnni_ ? 7 : -1;
+    for (int b = 0; qc0_ >> b; ++b) shift = b;  // log2(c0) (a power of two)
     for (int m = 0; m < mr_; ++m) {
       if (gsum_) vpbroadcastd(gs, dword[reg_gsum + m * 4]);
-      if (vnni_) vpslld(gc, gs, 7);
+      if (shift >= 0) vpslld(gc, gs, uint8_t(shift));
       if (qgb_) vcvtdq2ps(gs, gs);
       for (int v = 0; v < nv_; ++v) {
-        if (vnni_) vpsubd(qacc(m, v), qacc(m, v), gc);
+        if (shift >= 0) vpsubd(qacc(m, v), qacc(m, v), gc);
         vcvtdq2ps(qacc(m, v), qacc(m, v));
         vfmadd231ps(acc(m, v), qacc(m, v), vmem(reg_w + v * vec_bytes()));
         if (qgb_) vfmadd231ps(acc(m, v), gs, vmem(reg_w + (nv_ + v) * vec_bytes()));
@@ -523,6 +532,22 @@ class GemmGenerator : public JitGenerator {
   }
 
   void microkernel_qgroup(int u) {
+    if (qgo_) {  // offset codes: acc += (code + c0) * a, the table's entries >= 0 (<= 129)
+      const bool pre = zmm_isa();  // zmm: the code vectors decoded once for the tile's rows
+      if (pre)
+        for (int v = 0; v < nv_; ++v) qgroup_codes(qw(v), v, u);
+      for (int m = 0; m < mr_; ++m) {
+        vpbroadcastd(qbcast(), dword[a_row(m) + 4 * u]);
+        for (int v = 0; v < nv_; ++v) {
+          const Xmm w = qw(v), t = pre ? qtmp(v) : w;
+          if (!pre) qgroup_codes(w, v, u);
+          vpmaddubsw(t, w, qbcast());  // pair sums <= 2 * 129 * 127 < 2^15: exact
+          vpmaddwd(t, t, qones());
+          vpaddd(qacc(m, v), qacc(m, v), t);
+        }
+      }
+      return;
+    }
     if (vnni_) {  // acc += (code + 128) * a over 4 k (unsigned x signed)
       for (int v = 0; v < nv_; ++v) qgroup_codes(qw(v), v, u);
       for (int m = 0; m < mr_; ++m) {
@@ -1472,7 +1497,9 @@ class GemmGenerator : public JitGenerator {
   const KernelKey key_;
   const int lanes_, nv_, mr_;
   const bool vnni_, int4_, bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;
-  const bool qg_, qg4_, qgb_, gsum_, nib_;
+  const bool qg_, qg4_, qgb_, qgo_;
+  const int qc0_;  // offset codes: c0
+  const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;
   // gacc_: the group accumulators of (row m, vector v), zmm8..15 (free with <= 2 rows); fp8 pair
   // kernels of 3-4 rows use the accumulator registers (fp8_stack_acc).

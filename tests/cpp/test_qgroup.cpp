@@ -35,12 +35,22 @@ struct Problem {
   bool nib, bias;
   int64_t M, N, K, G;
   uint32_t seed;
+  // Offset-code kernels (kQGroupOffset; the executor's choice at avx2 for tables that allow it).
+  bool offset = false;
   int lut() const { return int(seed % 4); }
+  // c0 of the offset codes (formats::qgroup_lut_offset of the table), -1 if the table allows none
+  int c0() const {
+    formats::GroupedSpec sp;
+    sp.code_bits = nib ? 4 : 8;
+    std::memcpy(sp.lut, kLuts[lut()], 16);
+    return formats::qgroup_lut_offset(sp);
+  }
   std::string repro() const {
     std::ostringstream s;
     s << "repro: KT_JIT_ISA=" << isa_name(isa) << " epi=" << int(epi) << " nib=" << nib
-      << " bias=" << bias << " lut=" << (nib ? lut() : -1) << " M=" << M << " N=" << N << " K=" << K
-      << " G=" << G << " seed=" << seed << " (ktjit_tests --gtest_filter='QGroup.*')";
+      << " bias=" << bias << " lut=" << (nib ? lut() : -1) << " offset=" << offset << " M=" << M
+      << " N=" << N << " K=" << K << " G=" << G << " seed=" << seed
+      << " (ktjit_tests --gtest_filter='QGroup.*')";
     return s.str();
   }
 };
@@ -91,7 +101,7 @@ Packed make_weights(const Problem& p) {
   for (int s = 0; s < sources; ++s) sl[s] = {&pk.src[size_t(s)].m, p.K, 0, 0, "src"};
   pk.w.resize(size_t(pk.layout.total_bytes()));
   formats::pack_qgroup_strips(pk.layout, pk.spec, sl, qgroup_flip_codes(p.isa), pk.w.data());
-  formats::qgroup_kernel_lut(pk.spec, qgroup_flip_codes(p.isa), pk.lut);
+  formats::qgroup_kernel_lut(pk.spec, qgroup_flip_codes(p.isa), pk.lut, p.offset ? p.c0() : 0);
   return pk;
 }
 
@@ -104,6 +114,7 @@ KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
   k.n_vec = uint8_t(n_vec);
   k.epilogue = p.epi;
   k.variant = uint8_t((p.nib ? kQGroupNibbles : 0) | (p.bias ? kQGroupBias : 0));
+  if (p.offset) k.variant |= qgroup_offset_variant(p.c0());
   return k;
 }
 
@@ -262,7 +273,10 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
           for (int64_t M : Ms)
             for (int64_t N : Ns)
               for (const auto& gk : GKs) {
-                check_problem({isa, epi, nib, bias, M, N, gk[1], gk[0], seed++}, &names);
+                Problem p{isa, epi, nib, bias, M, N, gk[1], gk[0], seed++};
+                // offset codes below VNNI where the table allows them, every other such problem
+                p.offset = nib && !qgroup_flip_codes(isa) && p.c0() >= 0 && (p.seed / 4) % 2;
+                check_problem(p, &names);
                 if (HasFatalFailure()) return;
                 ++checked;
               }
@@ -285,6 +299,10 @@ TEST(QGroup, KernelNamesSpellTheVariant) {
   p.isa = IsaLevel::avx2;
   p.epi = Epilogue::accum;
   EXPECT_EQ(key_for(p, KernelKind::gemm_prefill, 1, 4).name(), "gemm_prefill_qg8_avx2_m1n32_accum");
+  Problem o{IsaLevel::avx2, Epilogue::store, true, false, 1, 64, 64, 32, 4};  // lut 0: -8 .. 7
+  o.offset = true;
+  EXPECT_EQ(o.c0(), 8);
+  EXPECT_EQ(key_for(o, KernelKind::gemm_decode, 1, 4).name(), "gemm_decode_qg4u8_avx2_m1n32_store");
   for (IsaLevel isa :
        {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni, IsaLevel::avx512_bf16}) {
     p.isa = isa;
@@ -336,15 +354,18 @@ TEST(QGroup, PackerNamesBadCodesAndGroups) {
 TEST(QGroup, MoELayerMatchesTwinAndMath) {
   const int64_t E = 4, K = 2, H = 64, I = 96;
   ThreadPool pool(2, 1);
-  for (int variant = 0; variant < 2; ++variant) {
+  // 0: bytes; 1: IQ4-like tables with a bias; 2: Q4_0 gate/up, Q4_K-style down with a bias
+  // (the offset-code kernels at avx2: c0 = 8 and 0)
+  for (int variant = 0; variant < 3; ++variant) {
     formats::GroupedSpec gu, dn;
     gu.group = 32;
     dn.group = 16;
-    gu.bias = dn.bias = variant == 1;
-    if (variant == 1) {
+    gu.bias = variant == 1;
+    dn.bias = variant >= 1;
+    if (variant >= 1) {
       gu.code_bits = dn.code_bits = 4;
-      std::memcpy(gu.lut, kLuts[2], 16);
-      std::memcpy(dn.lut, kLuts[3], 16);
+      std::memcpy(gu.lut, kLuts[variant == 1 ? 2 : 0], 16);
+      std::memcpy(dn.lut, kLuts[variant == 1 ? 3 : 1], 16);
     }
     std::mt19937 rng(11 + variant);
     std::uniform_int_distribution<int> code(-128, 127), nib(0, 15);

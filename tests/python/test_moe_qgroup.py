@@ -226,7 +226,8 @@ print('ok', layer.kernel_names()[0])
 """
     proc = run_python(code, env_extra={"KT_JIT_ISA": "avx2"}, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "gemm_decode_qg4b_avx2_m1n32_siluup" in proc.stdout
+    # avx2 takes this table (-8 .. 7) as offset codes, c0 = 8 (jit/kernel.hpp kQGroupOffset)
+    assert "gemm_decode_qg4bu8_avx2_m1n32_siluup" in proc.stdout
 
 
 def test_bad_inputs():
