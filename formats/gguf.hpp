@@ -63,6 +63,7 @@ struct TypeInfo {
   bool bias;        // an offset term per group
   bool lut4;        // codes are at most 16 values: `lut` lists them (nibble -> code)
   int8_t lut[16];
+  int code_lo, code_hi;  // the range of the decoded codes (Q6_K -32..31, Q8_0 -128..127, ...)
 };
 
 // The type's description, or null when `ggml_type` is not supported.

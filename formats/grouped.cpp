@@ -14,6 +14,10 @@ void check_grouped_spec(const GroupedSpec& spec, const std::string& what) {
   if (spec.code_bits != 8 && spec.code_bits != 4)
     throw std::invalid_argument(what + ": code_bits must be 8 or 4, got " +
                                 std::to_string(spec.code_bits));
+  if (spec.code_lo < -128 || spec.code_hi > 127 || spec.code_lo > spec.code_hi)
+    throw std::invalid_argument(what + ": code range must lie in [-128, 127] with lo <= hi, got [" +
+                                std::to_string(spec.code_lo) + ", " + std::to_string(spec.code_hi) +
+                                "]");
 }
 
 StripLayout qgroup_layout(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
@@ -29,16 +33,19 @@ StripLayout qgroup_layout(int64_t n, int64_t k, int lanes, int strip_vecs, int s
   return l;
 }
 
-void qgroup_kernel_lut(const GroupedSpec& spec, bool flip, int8_t out[16], int offset) {
-  for (int i = 0; i < 16; ++i) out[i] = int8_t(uint8_t(spec.lut[i] + offset) ^ (flip ? 0x80u : 0u));
+void qgroup_kernel_lut(const GroupedSpec& spec, int offset, int8_t out[16]) {
+  for (int i = 0; i < 16; ++i) out[i] = int8_t(uint8_t(spec.lut[i] + offset));
 }
 
-int qgroup_lut_offset(const GroupedSpec& spec) {
-  if (spec.code_bits != 4) return -1;
-  int lo = 127, hi = -128;
-  for (int8_t v : spec.lut) {
-    lo = std::min(lo, int(v));
-    hi = std::max(hi, int(v));
+int qgroup_code_offset(const GroupedSpec& spec) {
+  int lo = spec.code_lo, hi = spec.code_hi;
+  if (spec.code_bits == 4) {
+    lo = 127;
+    hi = -128;
+    for (int8_t v : spec.lut) {
+      lo = std::min(lo, int(v));
+      hi = std::max(hi, int(v));
+    }
   }
   int c0 = 0;
   while (lo + c0 < 0) c0 = c0 ? 2 * c0 : 1;
@@ -46,7 +53,7 @@ int qgroup_lut_offset(const GroupedSpec& spec) {
 }
 
 void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const GroupedSlice* src,
-                        bool flip, int8_t* out) {
+                        int offset, int8_t* out) {
   const bool nib = spec.code_bits == 4;
   const int64_t G = spec.group;
   for (int s = 0; s < l.sources; ++s) {
@@ -66,7 +73,6 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
   for (int& v : nibble_of) v = -1;
   for (int i = 15; i >= 0; --i) nibble_of[uint8_t(spec.lut[i])] = i;  // first entry wins
   std::memset(out, 0, size_t(l.total_bytes()));
-  const uint8_t fx = flip ? 0x80 : 0;
   const int64_t groups = l.groups();
   int64_t c = 0;
   for (int64_t s = 0; s <= l.full_strips; ++s) {
@@ -92,7 +98,12 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
             const int64_t k = (g * l.g_steps + st) * 4 + q;
             const int8_t code = codes[k];
             if (!nib) {
-              gb[st * cols * 4 + j * 4 + q] = uint8_t(code) ^ fx;
+              if (code < spec.code_lo || code > spec.code_hi)
+                throw std::invalid_argument(
+                    x.name + ": row " + std::to_string(r) + " column " + std::to_string(x.k0 + k) +
+                    ": code " + std::to_string(int(code)) + " is outside the layer's [" +
+                    std::to_string(spec.code_lo) + ", " + std::to_string(spec.code_hi) + "]");
+              gb[st * cols * 4 + j * 4 + q] = uint8_t(code + offset);
               continue;
             }
             const int idx = nibble_of[uint8_t(code)];
@@ -114,7 +125,7 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
 }
 
 void unpack_qgroup_row(const StripLayout& l, const GroupedSpec& spec, const uint8_t* packed,
-                       bool flip, int src, int64_t row, int64_t k0, int64_t k1, int8_t* codes,
+                       int offset, int src, int64_t row, int64_t k0, int64_t k1, int8_t* codes,
                        float* scales, float* biases) {
   const int64_t G = spec.group;
   if (k0 < 0 || k1 > l.k || k0 > k1 || k0 % G != 0 || k1 % G != 0)
@@ -127,7 +138,6 @@ void unpack_qgroup_row(const StripLayout& l, const GroupedSpec& spec, const uint
   const bool nib = spec.code_bits == 4;
   const int64_t code_bytes = l.g_steps * cols * 4 * l.bits / 8;
   const int64_t group_bytes = code_bytes + cols * l.group_extra;
-  const uint8_t fx = flip ? 0x80 : 0;
   for (int64_t g = k0 / G; g < k1 / G; ++g) {
     const uint8_t* gb = packed + l.strip_offset(strip) + g * group_bytes;
     for (int64_t st = 0; st < l.g_steps; ++st)
@@ -138,7 +148,7 @@ void unpack_qgroup_row(const StripLayout& l, const GroupedSpec& spec, const uint
           const uint8_t b = gb[(st / 2) * cols * 4 + col * 4 + q];
           code = spec.lut[(st % 2 ? b >> 4 : b) & 15];
         } else {
-          code = int8_t(gb[st * cols * 4 + col * 4 + q] ^ fx);
+          code = int8_t(uint8_t(gb[st * cols * 4 + col * 4 + q] - offset));
         }
         codes[k - k0] = code;
       }

@@ -32,6 +32,10 @@ struct GroupedSpec {
   bool bias = false;    // an offset term per group (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K)
   int code_bits = 8;    // 8: codes stored as bytes; 4: nibbles decoded through `lut`
   int8_t lut[16] = {};  // code_bits == 4: the code each nibble value stands for
+  // code_bits == 8: the range the format's codes lie in (Q6_K -32..31, Q5_K 0..31, ...); the
+  // packer refuses codes outside it. A narrow range lets avx2 take offset codes (jit/kernel.hpp
+  // kQGroupOffset).
+  int code_lo = -128, code_hi = 127;
 };
 
 // ---- packing for the qgroup kernels (formats/grouped.cpp; layout in docs/FORMATS.md) -----------
@@ -40,8 +44,8 @@ struct GroupedSpec {
 // per packed column, then (spec.bias) one fp32 bias per packed column. Padding columns have zero
 // codes, scales and biases.
 
-// Throws std::invalid_argument (naming `what`) unless group is a positive multiple of 16 and
-// code_bits is 8 or 4.
+// Throws std::invalid_argument (naming `what`) unless group is a positive multiple of 16,
+// code_bits is 8 or 4 and code_lo <= code_hi lie in [-128, 127].
 void check_grouped_spec(const GroupedSpec& spec, const std::string& what);
 
 // The strip layout of a matrix [n, k] (k a multiple of spec.group) in `sources` sources (2: fused
@@ -57,29 +61,32 @@ struct GroupedSlice {
   std::string name;
 };
 
-// Packs `src[0 .. layout.sources)` into `out` (layout.total_bytes()). flip: store codes XOR 0x80
-// (the unsigned operand of VNNI kernels). Throws std::invalid_argument naming the matrix, row and
-// column of a code the 4-bit table lacks, or for a group size / bias presence that does not match
-// the spec (a null `biases` under a bias spec packs zero biases).
+// Packs `src[0 .. layout.sources)` into `out` (layout.total_bytes()). Byte codes are stored as
+// uint8(code + offset): 128 for the VNNI kernels (= code XOR 0x80, their unsigned operand), c0 for
+// offset codes (qgroup_code_offset), else 0. Throws std::invalid_argument naming the matrix, row
+// and column of a code the 4-bit table lacks or outside the spec's byte range, or for a group size
+// / bias presence that does not match the spec (a null `biases` under a bias spec packs zero
+// biases).
 void pack_qgroup_strips(const StripLayout& layout, const GroupedSpec& spec, const GroupedSlice* src,
-                        bool flip, int8_t* out);
+                        int offset, int8_t* out);
 
 // Inverse of pack_qgroup_strips for one row: row `row` of source `src`, columns [k0, k1) (whole
-// groups) of a pack made with `spec` and `flip`: the codes (int8, k1 - k0 of them), the group
+// groups) of a pack made with `spec` and `offset`: the codes (int8, k1 - k0 of them), the group
 // scales ((k1 - k0) / group) and, when `biases` is not null, the group biases.
 void unpack_qgroup_row(const StripLayout& layout, const GroupedSpec& spec, const uint8_t* packed,
-                       bool flip, int src, int64_t row, int64_t k0, int64_t k1, int8_t* codes,
+                       int offset, int src, int64_t row, int64_t k0, int64_t k1, int8_t* codes,
                        float* scales, float* biases);
 
-// The 16-entry table the nibble kernels take (XOR 0x80 when flip; + offset for the offset-code
-// kernels, jit/kernel.hpp kQGroupOffset).
-void qgroup_kernel_lut(const GroupedSpec& spec, bool flip, int8_t out[16], int offset = 0);
+// The 16-entry table the nibble kernels take: each code + offset as a byte (as the packer stores
+// byte codes).
+void qgroup_kernel_lut(const GroupedSpec& spec, int offset, int8_t out[16]);
 
-// The offset c0 of the offset-code kernels for a 4-bit table: 0 when every entry is in [0, 127],
-// else the smallest power of two with every entry + c0 in [0, 129] (vpmaddubsw's pair sums then
-// stay within int16 for activations in [-127, 127]); -1 when none exists (IQ4's table spans
-// -127..113) or the codes are bytes.
-int qgroup_lut_offset(const GroupedSpec& spec);
+// The offset c0 of the offset-code kernels (jit/kernel.hpp kQGroupOffset) for the spec's codes
+// (the 4-bit table's entries, or the byte range): 0 when every code is in [0, 127], else the
+// smallest power of two with every code + c0 in [0, 129] (vpmaddubsw's pair sums then stay within
+// int16 for activations in [-127, 127]); -1 when none exists (IQ4's table spans -127..113, Q8_0
+// the whole byte).
+int qgroup_code_offset(const GroupedSpec& spec);
 
 // Shard bounds [0, ..., I] splitting I into `shards` parts on multiples of `group` (as even as
 // whole groups allow; fewer parts when I has fewer groups).

@@ -146,14 +146,15 @@ PYBIND11_MODULE(_core, m) {
                        const std::string& isa, const std::vector<int64_t>& shard_bounds, int shards,
                        float swiglu_limit, float swiglu_alpha, int64_t gu_group, int64_t down_group,
                        bool gu_bias, bool down_bias, const std::vector<int>& gu_lut,
-                       const std::vector<int>& down_lut) {
+                       const std::vector<int>& down_lut, const std::vector<int>& gu_code_range,
+                       const std::vector<int>& down_code_range) {
              auto l = std::make_unique<PyMoELayer>();
              const MoEShape shape{E, K, H, I};
              if (shards <= 0)  // one shard per worker pool (pool s % pools runs shard s)
                shards = ThreadPool::global_exists() ? ThreadPool::global().pools() : 1;
              const bool grouped = method_format(method) == WeightFormat::qgroup;
              if (grouped || gu_group || down_group || gu_bias || down_bias || !gu_lut.empty() ||
-                 !down_lut.empty()) {
+                 !down_lut.empty() || !gu_code_range.empty() || !down_code_range.empty()) {
                if (!grouped)
                  throw std::invalid_argument(
                      "gu_group / down_group / *_bias / *_lut apply to LLAMAFILE, RAWINT4 and "
@@ -166,11 +167,19 @@ PYBIND11_MODULE(_core, m) {
                                              std::to_string(gu_group) + " and " +
                                              std::to_string(down_group));
                auto spec = [](int64_t group, bool bias, const std::vector<int>& lut,
-                              const char* what) {
+                              const std::vector<int>& range, const char* what) {
                  formats::GroupedSpec sp;
                  sp.group = group;
                  sp.bias = bias;
                  sp.code_bits = lut.empty() ? 8 : 4;
+                 if (!range.empty()) {  // byte codes' range (checked by check_grouped_spec)
+                   if (range.size() != 2)
+                     throw std::invalid_argument(std::string(what) +
+                                                 "_code_range: expected [lo, hi], got " +
+                                                 std::to_string(range.size()) + " values");
+                   sp.code_lo = range[0];
+                   sp.code_hi = range[1];
+                 }
                  if (!lut.empty() && lut.size() != 16)
                    throw std::invalid_argument(std::string(what) +
                                                "_lut: expected 16 codes (or none for 8-bit "
@@ -186,8 +195,9 @@ PYBIND11_MODULE(_core, m) {
                  }
                  return sp;
                };
-               const formats::GroupedSpec gu = spec(gu_group, gu_bias, gu_lut, "gu");
-               const formats::GroupedSpec dn = spec(down_group, down_bias, down_lut, "down");
+               const formats::GroupedSpec gu = spec(gu_group, gu_bias, gu_lut, gu_code_range, "gu");
+               const formats::GroupedSpec dn =
+                   spec(down_group, down_bias, down_lut, down_code_range, "down");
                std::vector<int64_t> bounds = shard_bounds;
                if (bounds.empty() && I > 0 && I % down_group == 0)
                  bounds = MoELayer::grouped_shard_bounds(I, down_group, shards);
@@ -208,7 +218,11 @@ PYBIND11_MODULE(_core, m) {
            py::arg("swiglu_limit") = 0.0f, py::arg("swiglu_alpha") = 0.0f, py::arg("gu_group") = 0,
            py::arg("down_group") = 0, py::arg("gu_bias") = false, py::arg("down_bias") = false,
            py::arg("gu_lut") = std::vector<int>{}, py::arg("down_lut") = std::vector<int>{},
+           py::arg("gu_code_range") = std::vector<int>{},
+           py::arg("down_code_range") = std::vector<int>{},
            "shard_bounds: [0, b1, ..., I] splits I into shards (e.g. a checkpoint's NUMA parts); "
+           "*_code_range: [lo, hi] of byte codes (default the whole byte; a narrow range lets "
+           "avx2 take offset-code kernels, codes outside it are refused at load); "
            "otherwise `shards` even parts on the format's block boundaries (0: one per worker "
            "pool). Shard s runs on pool s % pools; each shard quantizes the down projection's "
            "input over its own slice.")

@@ -56,6 +56,7 @@ py::dict info_dict(const gg::TypeInfo& t) {
   if (t.lut4)
     for (int8_t v : t.lut) lut.push_back(v);
   d["lut"] = lut;  // [] when codes need bytes
+  d["code_range"] = std::vector<int>{t.code_lo, t.code_hi};
   return d;
 }
 

@@ -34,7 +34,12 @@ constexpr int kNeonBf16PairMinRows = 6;
 // in the interpreter, but keeps its vpblendmb ones until a CPU measures them; VNNI levels already
 // take the codes unsigned (+ 128).
 int qgroup_offset(IsaLevel isa, const formats::GroupedSpec& g) {
-  return isa == IsaLevel::avx2 ? formats::qgroup_lut_offset(g) : -1;
+  return isa == IsaLevel::avx2 ? formats::qgroup_code_offset(g) : -1;
+}
+// What the packed byte codes and the kernels' table hold beyond each code at `isa`: + 128 at VNNI
+// levels (the XOR 0x80 of their unsigned operand), + c0 for offset codes, else nothing.
+int qgroup_store_offset(IsaLevel isa, const formats::GroupedSpec& g) {
+  return qgroup_flip_codes(isa) ? 128 : std::max(0, qgroup_offset(isa, g));
 }
 
 int64_t round_up(int64_t x, int64_t m) {
@@ -180,9 +185,10 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
           std::to_string(shape.intermediate) + " of down_group " + std::to_string(down->group));
     qg_gu_ = *gu;
     qg_down_ = *down;
-    const bool fl = qgroup_flip_codes(isa);
-    formats::qgroup_kernel_lut(qg_gu_, fl, qg_lut_[0], std::max(0, qgroup_offset(isa, qg_gu_)));
-    formats::qgroup_kernel_lut(qg_down_, fl, qg_lut_[1], std::max(0, qgroup_offset(isa, qg_down_)));
+    qg_store_offset_[0] = qgroup_store_offset(isa, qg_gu_);
+    qg_store_offset_[1] = qgroup_store_offset(isa, qg_down_);
+    formats::qgroup_kernel_lut(qg_gu_, qg_store_offset_[0], qg_lut_[0]);
+    formats::qgroup_kernel_lut(qg_down_, qg_store_offset_[1], qg_lut_[1]);
   } else if (gu || down) {
     throw std::invalid_argument(
         "grouped storage (gu_group, down_group, ...) applies to "
@@ -673,7 +679,6 @@ void MoELayer::load_experts_grouped(const std::vector<GroupedExpertSource>& expe
     }
   }
   ensure_allocated(&pool);
-  const bool flip = qgroup_flip_codes(isa_);
   const int64_t n = int64_t(experts.size());
   pool.run_pools([&](const PoolWork& wk) {  // shard s packed by pool s % pools (first touch)
     int64_t j0, j1;
@@ -687,9 +692,10 @@ void MoELayer::load_experts_grouped(const std::vector<GroupedExpertSource>& expe
         // gate/up: rows [i_begin, i_end) of [I, H]; down: columns [i_begin, i_end) of [H, I].
         const formats::GroupedSlice gu[2] = {{&x.gate, H, sh.i_begin, 0, ex + "gate"},
                                              {&x.up, H, sh.i_begin, 0, ex + "up"}};
-        formats::pack_qgroup_strips(sh.gu, qg_gu_, gu, flip, wb);
+        formats::pack_qgroup_strips(sh.gu, qg_gu_, gu, qg_store_offset_[0], wb);
         const formats::GroupedSlice d{&x.down, I, 0, sh.i_begin, ex + "down"};
-        formats::pack_qgroup_strips(sh.down, qg_down_, &d, flip, wb + sh.gu.total_bytes());
+        formats::pack_qgroup_strips(sh.down, qg_down_, &d, qg_store_offset_[1],
+                                    wb + sh.gu.total_bytes());
       }
     }
   });
@@ -1243,7 +1249,6 @@ void MoELayer::write_expert_qgroup(int64_t slot, int tp, int rank, uint8_t* w13,
                                 " needs scale pointers");
   const int64_t H = shape_.hidden, I = shape_.intermediate;
   const int64_t ir = I / tp, i0 = int64_t(rank) * ir, i1 = i0 + ir;
-  const bool flip = qgroup_flip_codes(isa_);
   auto scale_bits = [&](float f) {
     return gptq ? formats::f32_to_f16(f) : formats::f32_to_bf16(f);
   };
@@ -1273,13 +1278,14 @@ void MoELayer::write_expert_qgroup(int64_t slot, int tp, int rank, uint8_t* w13,
     const uint8_t* wb = sh.weights.as<uint8_t>() + slot * sh.expert_bytes;
     for (int src = 0; src < 2; ++src)  // gate rows, then up rows
       for (int64_t r = a; r < b; ++r) {
-        formats::unpack_qgroup_row(sh.gu, qg_gu_, wb, flip, src, r - sh.i_begin, 0, H, codes.data(),
-                                   sc.data(), nullptr);
+        formats::unpack_qgroup_row(sh.gu, qg_gu_, wb, qg_store_offset_[0], src, r - sh.i_begin, 0,
+                                   H, codes.data(), sc.data(), nullptr);
         put(w13, w13_scale, src * ir + r - i0, 2 * ir, 0, H, H, gg);
       }
     for (int64_t h = 0; h < H; ++h) {
-      formats::unpack_qgroup_row(sh.down, qg_down_, wb + sh.gu.total_bytes(), flip, 0, h,
-                                 a - sh.i_begin, b - sh.i_begin, codes.data(), sc.data(), nullptr);
+      formats::unpack_qgroup_row(sh.down, qg_down_, wb + sh.gu.total_bytes(), qg_store_offset_[1],
+                                 0, h, a - sh.i_begin, b - sh.i_begin, codes.data(), sc.data(),
+                                 nullptr);
       put(w2, w2_scale, h, H, a - i0, ir, b - a, gd);
     }
   }

@@ -238,6 +238,9 @@ class MoELayer {
   }
   formats::GroupedSpec qg_gu_, qg_down_;   // qgroup: gate/up and down storage
   alignas(16) int8_t qg_lut_[2][16] = {};  // qgroup: the kernels' tables (gate/up, down)
+  // qgroup: what the packed byte codes and the tables hold beyond the code (gate/up, down): 128
+  // at VNNI levels, c0 for offset codes (qgroup_store_offset in moe_layer.cpp), else 0
+  int qg_store_offset_[2] = {0, 0};
   IsaLevel isa_;
   int lanes_;
   std::vector<Shard> shards_;

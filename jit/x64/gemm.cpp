@@ -82,10 +82,9 @@ class GemmGenerator : public JitGenerator {
     if (qg_ && ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | 0xf0)) ||
                 ((key.variant & 0xf0) && !qgo_)))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
-    if (qgo_ && (!qg4_ || vnni_ || qc0_ > 128))
+    if (qgo_ && (vnni_ || qc0_ > 128))
       throw std::invalid_argument(
-          "gemm: offset codes are nibble kernels below the VNNI levels, offset <= 128: " +
-          key.describe());
+          "gemm: offset codes are kernels below the VNNI levels, offset <= 128: " + key.describe());
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
       throw std::invalid_argument("gemm: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));

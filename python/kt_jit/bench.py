@@ -134,10 +134,12 @@ def _qgroup_specs(method: str, gguf_type: str):
 def _make_layer(_core, method, E, K, H, I, isa, gguf_type):
     if method in QGROUP_METHODS:
         gu, dn = _qgroup_specs(method, gguf_type)
+        rng = lambda s: [s["range"][0], s["range"][1] - 1] if "range" in s else []  # noqa: E731
         return _core.MoELayer(
             E, K, H, I, method, isa,
             gu_group=gu["group"], down_group=dn["group"], gu_bias=gu["bias"],
             down_bias=dn["bias"], gu_lut=gu["lut"] or [], down_lut=dn["lut"] or [],
+            gu_code_range=rng(gu), down_code_range=rng(dn),
         )  # fmt: skip
     if method in MX_METHODS:
         return _core.MoELayer(E, K, H, I, method, isa, swiglu_limit=7.0)

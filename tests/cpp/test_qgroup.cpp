@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "formats/grouped.hpp"
 #include "formats/int8.hpp"
@@ -35,16 +37,25 @@ struct Problem {
   bool nib, bias;
   int64_t M, N, K, G;
   uint32_t seed;
-  // Offset-code kernels (kQGroupOffset; the executor's choice at avx2 for tables that allow it).
+  // Offset-code kernels (kQGroupOffset; the executor's choice at avx2 where the codes allow it).
+  // Byte codes then lie in a narrow range (byte_range()), as Q6_K's or Q5_K's do.
   bool offset = false;
   int lut() const { return int(seed % 4); }
-  // c0 of the offset codes (formats::qgroup_lut_offset of the table), -1 if the table allows none
-  int c0() const {
-    formats::GroupedSpec sp;
-    sp.code_bits = nib ? 4 : 8;
-    std::memcpy(sp.lut, kLuts[lut()], 16);
-    return formats::qgroup_lut_offset(sp);
+  std::pair<int, int> byte_range() const {
+    if (!offset) return {-128, 127};
+    return (seed / 8) % 2 ? std::make_pair(-32, 31) : std::make_pair(0, 31);
   }
+  formats::GroupedSpec spec() const {
+    formats::GroupedSpec sp;
+    sp.group = G;
+    sp.bias = bias;
+    sp.code_bits = nib ? 4 : 8;
+    if (nib) std::memcpy(sp.lut, kLuts[lut()], 16);
+    std::tie(sp.code_lo, sp.code_hi) = byte_range();
+    return sp;
+  }
+  // c0 of the offset codes (formats::qgroup_code_offset), -1 if the codes allow none
+  int c0() const { return formats::qgroup_code_offset(spec()); }
   std::string repro() const {
     std::ostringstream s;
     s << "repro: KT_JIT_ISA=" << isa_name(isa) << " epi=" << int(epi) << " nib=" << nib
@@ -71,23 +82,21 @@ struct Packed {
 
 Packed make_weights(const Problem& p) {
   Packed pk;
-  pk.spec.group = p.G;
-  pk.spec.bias = p.bias;
-  pk.spec.code_bits = p.nib ? 4 : 8;
-  if (p.nib) std::memcpy(pk.spec.lut, kLuts[p.lut()], 16);
+  pk.spec = p.spec();
+  const auto [lo, hi] = p.byte_range();
   const int sources = p.epi == Epilogue::siluup ? 2 : 1;
   pk.layout = formats::qgroup_layout(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources, pk.spec);
   std::mt19937 rng(p.seed);
-  std::uniform_int_distribution<int> code(-128, 127), nib(0, 15);
+  std::uniform_int_distribution<int> code(lo, hi), nib(0, 15);
   std::uniform_real_distribution<float> sd(-0.02f, 0.02f);
   pk.src.resize(size_t(sources));
   for (auto& s : pk.src) {
     s.codes.resize(size_t(p.N * p.K));
     for (auto& c : s.codes) c = p.nib ? kLuts[p.lut()][nib(rng)] : int8_t(code(rng));
     if (!p.nib) {  // the extremes always present
-      s.codes[0] = -128;
-      s.codes.back() = 127;
-      s.codes[s.codes.size() / 2] = -128;
+      s.codes[0] = int8_t(lo);
+      s.codes.back() = int8_t(hi);
+      s.codes[s.codes.size() / 2] = int8_t(lo);
     }
     s.scales.resize(size_t(p.N * p.K / p.G));
     for (auto& x : s.scales) x = sd(rng);
@@ -100,8 +109,10 @@ Packed make_weights(const Problem& p) {
   formats::GroupedSlice sl[2];
   for (int s = 0; s < sources; ++s) sl[s] = {&pk.src[size_t(s)].m, p.K, 0, 0, "src"};
   pk.w.resize(size_t(pk.layout.total_bytes()));
-  formats::pack_qgroup_strips(pk.layout, pk.spec, sl, qgroup_flip_codes(p.isa), pk.w.data());
-  formats::qgroup_kernel_lut(pk.spec, qgroup_flip_codes(p.isa), pk.lut, p.offset ? p.c0() : 0);
+  // what the codes are stored with: + 128 (VNNI), + c0 (offset codes), or as they are
+  const int store = qgroup_flip_codes(p.isa) ? 128 : p.offset ? p.c0() : 0;
+  formats::pack_qgroup_strips(pk.layout, pk.spec, sl, store, pk.w.data());
+  formats::qgroup_kernel_lut(pk.spec, store, pk.lut);
   return pk;
 }
 
@@ -274,8 +285,10 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
             for (int64_t N : Ns)
               for (const auto& gk : GKs) {
                 Problem p{isa, epi, nib, bias, M, N, gk[1], gk[0], seed++};
-                // offset codes below VNNI where the table allows them, every other such problem
-                p.offset = nib && !qgroup_flip_codes(isa) && p.c0() >= 0 && (p.seed / 4) % 2;
+                // offset codes below VNNI: every other nibble problem whose table allows them,
+                // and every other byte problem (its codes then in a narrow range)
+                p.offset = !qgroup_flip_codes(isa) && (p.seed / 4) % 2;
+                if (p.offset && p.c0() < 0) p.offset = false;
                 check_problem(p, &names);
                 if (HasFatalFailure()) return;
                 ++checked;
@@ -334,7 +347,7 @@ TEST(QGroup, PackerNamesBadCodesAndGroups) {
   std::vector<int8_t> out(size_t(l.total_bytes()));
   formats::GroupedSlice sl{&m, K, 0, 0, "expert 4 gate"};
   try {
-    formats::pack_qgroup_strips(l, spec, &sl, true, out.data());
+    formats::pack_qgroup_strips(l, spec, &sl, 128, out.data());
     FAIL() << "expected an exception";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("expert 4 gate: row 2 column 37: code 9"),
@@ -342,7 +355,41 @@ TEST(QGroup, PackerNamesBadCodesAndGroups) {
         << e.what();
   }
   m.group = 16;
-  EXPECT_THROW(formats::pack_qgroup_strips(l, spec, &sl, true, out.data()), std::invalid_argument);
+  EXPECT_THROW(formats::pack_qgroup_strips(l, spec, &sl, 128, out.data()), std::invalid_argument);
+  m.group = 32;
+  // byte codes outside the spec's range (Q6_K: -32 .. 31) are refused, named
+  formats::GroupedSpec q6;
+  q6.group = 32;
+  q6.code_lo = -32;
+  q6.code_hi = 31;
+  codes[size_t(2 * K + 37)] = 32;
+  auto l8 = formats::qgroup_layout(N, K, 16, kStripVecs, 1, q6);
+  std::vector<int8_t> out8(size_t(l8.total_bytes()));
+  try {
+    formats::pack_qgroup_strips(l8, q6, &sl, 32, out8.data());
+    FAIL() << "expected an exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("row 2 column 37: code 32 is outside the layer's [-32, 31]"),
+        std::string::npos)
+        << e.what();
+  }
+  // offsets: the smallest power of two that lifts the codes to >= 0, if they then fit [0, 129]
+  EXPECT_EQ(formats::qgroup_code_offset(q6), 32);
+  q6.code_lo = 0;
+  EXPECT_EQ(formats::qgroup_code_offset(q6), 0);
+  q6.code_lo = -16;
+  q6.code_hi = 15;
+  EXPECT_EQ(formats::qgroup_code_offset(q6), 16);
+  q6.code_lo = -128;
+  q6.code_hi = 127;
+  EXPECT_EQ(formats::qgroup_code_offset(q6), -1);   // Q8_0
+  EXPECT_EQ(formats::qgroup_code_offset(spec), 8);  // the -8 .. 7 table
+  std::memcpy(spec.lut, kLuts[2], 16);
+  EXPECT_EQ(formats::qgroup_code_offset(spec), -1);  // IQ4's table
+  q6.code_lo = 5;
+  q6.code_hi = 4;
+  EXPECT_THROW(formats::check_grouped_spec(q6, "q"), std::invalid_argument);
   spec.group = 24;
   EXPECT_THROW(formats::qgroup_layout(N, K, 16, kStripVecs, 1, spec), std::invalid_argument);
   EXPECT_EQ(formats::qgroup_shard_bounds(160, 32, 2), (std::vector<int64_t>{0, 64, 160}));

@@ -143,8 +143,9 @@ def test_decode_reproduces_gguf(name):
     codes, scales, biases = ours_decode(info, raw, rows, k)
     assert (biases is not None) == bias
     assert codes.min() >= lo and codes.max() <= hi
-    # random blocks reach both ends of the code range
+    # random blocks reach both ends of the code range, which the type table states
     assert codes.min() == lo and codes.max() == hi
+    assert info["code_range"] == [lo, hi]
     s = np.repeat(scales, group, axis=1)
     w = s * codes.astype(np.float32)
     if bias:

@@ -319,12 +319,19 @@ def test_gate_up_common_spec():
         "group": 32,
         "bias": True,
         "lut": list(range(16)),
+        "code_range": [0, 15],
     }
-    assert gguf_loader.gate_up_spec(t["Q4_K"], t["Q6_K"]) == {"group": 16, "bias": True, "lut": []}
+    assert gguf_loader.gate_up_spec(t["Q4_K"], t["Q6_K"]) == {
+        "group": 16,
+        "bias": True,
+        "lut": [],
+        "code_range": [-32, 31],  # bytes spanning both types' codes
+    }
     assert gguf_loader.gate_up_spec(t["Q4_0"], t["Q3_K"]) == {
         "group": 16,
         "bias": False,
         "lut": list(range(-8, 8)),
+        "code_range": [-8, 7],
     }
     assert gguf_loader.gate_up_spec(t["Q2_K"], t["Q4_K"])["lut"] == list(range(16))
     assert gguf_loader.gate_up_spec(t["IQ4_XS"], t["Q4_0"])["lut"] == []

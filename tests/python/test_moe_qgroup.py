@@ -251,6 +251,21 @@ def test_bad_inputs():
     )
     with pytest.raises(ValueError, match=r"expert 1 gate: row 5 column 70: code 9"):
         load(layer, experts)
+    # Byte codes: a malformed range is refused; a code outside the layer's range is named.
+    with pytest.raises(ValueError, match="gu_code_range: expected \\[lo, hi\\]"):
+        _core.MoELayer(E, K, H, I, "LLAMAFILE", gu_group=32, down_group=32, gu_code_range=[1])
+    with pytest.raises(ValueError, match="code range must lie in"):
+        _core.MoELayer(E, K, H, I, "LLAMAFILE", gu_group=32, down_group=32, down_code_range=[5, 4])
+    experts = make_experts(9, 32, 32, [], False)
+    for ex in experts:
+        ex[2][0].clamp_(-32, 31)  # down's codes in Q6_K's range
+    layer = _core.MoELayer(
+        E, K, H, I, "LLAMAFILE", gu_group=32, down_group=32, gu_code_range=[-128, 127],
+        down_code_range=[-32, 31],
+    )  # fmt: skip
+    experts[2][2][0][7, 3] = 40
+    with pytest.raises(ValueError, match=r"expert 2 down: row 7 column 3: code 40 is outside"):
+        load(layer, experts)
     # Biases handed to a layer built without a bias term.
     experts = make_experts(9, 32, 32, [], True)
     layer = _core.MoELayer(E, K, H, I, "LLAMAFILE", gu_group=32, down_group=32)

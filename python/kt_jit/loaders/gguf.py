@@ -184,9 +184,17 @@ def _even_bounds(I: int, unit: int, parts: int) -> list[int]:
 def gate_up_spec(tg: dict, tu: dict) -> dict:
     """One spec for gate and up (fused in the kernels): the finer group (16 divides 32, scales are
     repeated exactly), a bias if either type has one (zeros for the other), 4-bit codes only when
-    both types use the same 16-entry table."""
+    both types use the same 16-entry table; byte codes span both types' code ranges (a narrow
+    range lets avx2 run offset-code kernels)."""
     lut = tg["lut"] if tg["lut"] and tg["lut"] == tu["lut"] else []
-    return {"group": min(tg["group"], tu["group"]), "bias": tg["bias"] or tu["bias"], "lut": lut}
+    lo = min(tg["code_range"][0], tu["code_range"][0])
+    hi = max(tg["code_range"][1], tu["code_range"][1])
+    return {
+        "group": min(tg["group"], tu["group"]),
+        "bias": tg["bias"] or tu["bias"],
+        "lut": lut,
+        "code_range": [lo, hi],
+    }
 
 
 def _decode(t: dict, raw: np.ndarray, rows: int, k: int, spec: dict):
@@ -322,7 +330,7 @@ def load_gguf_layer(
             layout = f"float ({common})"
         else:
             gu = gate_up_spec(tg, tu)
-            dn = {"group": td["group"], "bias": td["bias"], "lut": td["lut"]}
+            dn = {k: td[k] for k in ("group", "bias", "lut", "code_range")}
             bounds = _even_bounds(I, dn["group"], int(pools))
             layer = _core.MoELayer(
                 E,
@@ -338,6 +346,8 @@ def load_gguf_layer(
                 down_bias=dn["bias"],
                 gu_lut=gu["lut"],
                 down_lut=dn["lut"],
+                gu_code_range=gu["code_range"],
+                down_code_range=dn["code_range"],
             )
             spec = {"gate": gu, "up": gu, "down": dn}
             # Decoded experts take ~1.3-1.5 bytes per weight: keep a batch under ~512 MB.
