@@ -50,9 +50,14 @@ done
 (cd /tmp && "$PYTHON" -m kt_jit.bench --method AMXINT8 --threads 2 --markdown "$tmp/2t.md" >/dev/null)
 # Checkpoint formats on the Qwen3 shape: GGUF types (decode and prefill), the k-group INT4 and MX.
 extra_runs=()
+# llama.cpp (ggml-cpu) as the GGUF runs' peer where tools/peers/setup_peers.sh built it.
+GGML_PREFIX="${GGML_PREFIX:-/opt/ggml-peer}"
+lcpp=()
+[ "${PEERS:-1}" != 0 ] && [ -f "$GGML_PREFIX/include/ggml.h" ] &&
+  lcpp=(--llamacpp-peer "$GGML_PREFIX" --peers-dir "$PWD/tools/peers")
 for g in Q4_K Q6_K Q8_0 Q4_K_M; do
   (cd /tmp && "$PYTHON" -m kt_jit.bench --method LLAMAFILE --gguf-type "$g" --tokens 1,4,64,1024 \
-    --markdown "$tmp/gguf_$g.md" >/dev/null)
+    ${lcpp[@]+"${lcpp[@]}"} --markdown "$tmp/gguf_$g.md" >/dev/null)
   extra_runs+=("gguf_$g")
 done
 for m in RAWINT4 MXFP4 MXFP8; do

@@ -202,6 +202,11 @@ ONEDNN_M256_TARGET = 0.95
 #: Methods tools/peers/ktkernel_bench.py maps onto a kt-kernel class.
 KTKERNEL_METHODS = ("AMXINT8", "AMXINT4", "BF16", "FP8", "FP8_PERCHANNEL", "MOE_INT8", "MOE_INT4")
 KTKERNEL_PYTHON = "/opt/ktk-venv/bin/python"
+#: Where tools/peers/setup_peers.sh installs ggml (llama.cpp's tensor library, built from PyPI's
+#: llama-cpp-python sdist) for tools/peers/ggml_bench.cpp, the llama.cpp peer of LLAMAFILE runs.
+GGML_PREFIX = "/opt/ggml-peer"
+#: Issue #4: kt-jit's prefill throughput over llama.cpp's at T = 1024 on the same shapes.
+LLAMACPP_T1024_TARGET = 3.0
 
 
 def parse_peer_json(text: str) -> Dict:
@@ -237,6 +242,42 @@ def ktkernel_ratios(results: List[Dict], doc: Dict) -> List[Dict]:
             }
         )
     return pairs
+
+
+def llamacpp_ratios(results: List[Dict], doc: Dict) -> List[Dict]:
+    """Adds llamacpp_us and speedup_vs_llamacpp (llama.cpp time / kt-jit time) to kt-jit's rows
+    that the ggml peer also ran; returns the pairs."""
+    by_t = {int(p["tokens"]): p for p in doc.get("results", [])}
+    pairs = []
+    for r in results:
+        p = by_t.get(int(r["tokens"]))
+        if not p or not p.get("us") or not r.get("us"):
+            continue
+        r["llamacpp_us"] = float(p["us"])
+        r["speedup_vs_llamacpp"] = float(p["us"]) / float(r["us"])
+        pairs.append(
+            {
+                "tokens": r["tokens"],
+                "ktjit_us": r["us"],
+                "llamacpp_us": r["llamacpp_us"],
+                "speedup": r["speedup_vs_llamacpp"],
+                "llamacpp_experts_touched": p.get("experts_touched"),
+            }
+        )
+    return pairs
+
+
+def llamacpp_acceptance(pairs: List[Dict]) -> List[Dict]:
+    """Issue #4's peer check this run can answer: >= 3x llama.cpp's throughput at T = 1024."""
+    p = next((q for q in pairs if q["tokens"] == 1024), None)
+    return [
+        {
+            "check": f">= {LLAMACPP_T1024_TARGET:g}x llama.cpp's throughput at T = 1024",
+            "value": p["speedup"] if p else None,
+            "target": LLAMACPP_T1024_TARGET,
+            "ok": (p["speedup"] >= LLAMACPP_T1024_TARGET) if p else None,
+        }
+    ]
 
 
 def onednn_expert(doc: Dict, hidden: int, inter: int, dtype: str) -> Dict[int, Dict]:
@@ -425,6 +466,34 @@ def _onednn_binary(peers: Optional[str]):
     return out, None
 
 
+def _ggml_binary(peers: Optional[str], prefix: str):
+    """Builds tools/peers/ggml_bench.cpp once (per ggml prefix) into the user cache against the ggml
+    that tools/peers/setup_peers.sh installed under `prefix`; (path, None) or (None, why)."""
+    if not peers or not os.path.isfile(os.path.join(peers, "ggml_bench.cpp")):
+        return None, "tools/peers/ggml_bench.cpp not found (run from a checkout or --peers-dir)"
+    lib, inc = os.path.join(prefix, "lib"), os.path.join(prefix, "include")
+    if not os.path.isfile(os.path.join(inc, "ggml.h")):
+        return None, f"no ggml under {prefix} (bash tools/peers/setup_peers.sh builds it)"
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        return None, "no C++ compiler (g++) on PATH"
+    src = os.path.join(peers, "ggml_bench.cpp")
+    cache = os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kt-jit", "peers"
+    )
+    out = os.path.join(cache, "ggml_bench-" + prefix.strip("/").replace("/", "_"))
+    newest = max(os.path.getmtime(src), os.path.getmtime(os.path.join(inc, "ggml.h")))
+    if os.path.isfile(out) and os.path.getmtime(out) >= newest:
+        return out, None
+    os.makedirs(cache, exist_ok=True)
+    cmd = [cxx, "-O2", "-std=c++17", src, "-o", out, f"-I{inc}", f"-L{lib}", "-lggml"]
+    cmd += ["-lggml-base", "-lggml-cpu", f"-Wl,-rpath,{lib}"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        return None, "building ggml_bench failed: " + p.stdout.strip()[-300:]
+    return out, None
+
+
 def _onednn_verbose(binary: str, dtype: str, shape: str, env: Dict) -> Dict:
     """One verbose call: the ISA line and the implementation oneDNN's ONEDNN_VERBOSE reports."""
     env = dict(env, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1")
@@ -515,6 +584,7 @@ def _fmt(v: float, digits: int = 1) -> str:
 def _markdown_table(results: List[Dict]) -> str:
     peer = any("torch_us" in r for r in results)
     ktk = any("ktkernel_us" in r for r in results)
+    lcpp = any("llamacpp_us" in r for r in results)
     head = "| T | µs (median) | tokens/s | experts touched | weight GB/s | Gop/s | roof% | bound |"
     rule = "|---:|---:|---:|---:|---:|---:|---:|---|"
     if peer:
@@ -522,6 +592,9 @@ def _markdown_table(results: List[Dict]) -> str:
         rule += "---:|---:|"
     if ktk:
         head += " kt-kernel µs | vs kt-kernel |"
+        rule += "---:|---:|"
+    if lcpp:
+        head += " llama.cpp µs | vs llama.cpp |"
         rule += "---:|---:|"
     lines = [head, rule]
     for r in results:
@@ -535,6 +608,11 @@ def _markdown_table(results: List[Dict]) -> str:
         if ktk:
             if "ktkernel_us" in r:
                 line += f" {_fmt(r['ktkernel_us'])} | {r['speedup_vs_ktkernel']:.2f}x |"
+            else:
+                line += " - | - |"
+        if lcpp:
+            if "llamacpp_us" in r:
+                line += f" {_fmt(r['llamacpp_us'])} | {r['speedup_vs_llamacpp']:.2f}x |"
             else:
                 line += " - | - |"
         lines.append(line)
@@ -609,6 +687,22 @@ def _peers_markdown(peers: Dict, acceptance: List[Dict], dtype, H: int, I: int) 
                 f"{'yes' if k.get('same_routing_as_ktjit') else 'no'}; rel. L1 error vs torch "
                 f"{k.get('error_rel_l1', float('nan')):.3g}; µs and ratio in the table above"
             )
+    g = peers.get("llamacpp")
+    if g is not None:
+        if "skipped" in g:
+            out.append(f"- llama.cpp: skipped ({g['skipped']})")
+        else:
+            out.append(
+                f"- llama.cpp's ggml-cpu {g.get('ggml_version', '?')} ({g.get('ggml_commit', '?')}; "
+                "PyPI llama-cpp-python's vendored llama.cpp, built with GGML_NATIVE), "
+                "`tools/peers/ggml_bench.cpp`: the MoE FFN as llama.cpp's build_moe_ffn builds it "
+                f"(mul_mat_id, swiglu, weighted sum), {g.get('gu_type', '?')} gate/up in "
+                f"{g.get('gu_buffer', '?')}, {g.get('down_type', '?')} down in "
+                f"{g.get('down_buffer', '?')}, {g.get('threads', '?')} thread(s), "
+                f"{g.get('layers', '?')} layers rotated, its own random routing; rel. L1 error vs "
+                f"float64 over the dequantized weights "
+                f"{g.get('rel_l1_vs_f64', float('nan')):.3g}; µs and ratio in the table above"
+            )
     o = peers.get("onednn")
     if o is not None:
         if "skipped" in o:
@@ -628,7 +722,8 @@ def _peers_markdown(peers: Dict, acceptance: List[Dict], dtype, H: int, I: int) 
                 _onednn_table(o.get("pairs", [])),
             ]
     if acceptance:
-        out += ["", "Issue #5 item 4 checks (this run):", ""] + _acceptance_lines(acceptance)
+        out += ["", "Peer checks (this run; issue #5 item 4, issue #4):", ""]
+        out += _acceptance_lines(acceptance)
     return out + [""]
 
 
@@ -729,6 +824,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         metavar="PYTHON",
         help="also time kt-kernel (PyPI) on the same layer, run by PYTHON of its own virtual "
         f"environment (default {KTKERNEL_PYTHON}; tools/peers/setup_peers.sh makes it)",
+    )
+    p.add_argument(
+        "--llamacpp-peer",
+        nargs="?",
+        const=GGML_PREFIX,
+        default=None,
+        metavar="PREFIX",
+        help="LLAMAFILE: also time llama.cpp's ggml-cpu on the same MoE layer (GGML types, shape, "
+        f"tokens, threads), built against the ggml under PREFIX (default {GGML_PREFIX}; "
+        "tools/peers/setup_peers.sh builds it)",
     )
     p.add_argument(
         "--onednn-peer",
@@ -919,7 +1024,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     acceptance: List[Dict] = []
     ktk_pairs = onednn_pairs = None
     dtype = ONEDNN_DTYPE.get(args.method)
-    if args.ktkernel_peer or args.onednn_peer:
+    if args.ktkernel_peer or args.onednn_peer or args.llamacpp_peer:
         del layers
         import gc
 
@@ -964,6 +1069,39 @@ def main(argv: Optional[List[str]] = None) -> int:
                     f" µs -> kt-jit {q['speedup']:.2f}x",
                     flush=True,
                 )
+    lcpp_pairs = None
+    if args.llamacpp_peer:
+        doc, why = None, None
+        if args.method != "LLAMAFILE":
+            why = "the llama.cpp peer runs the GGUF block types (method LLAMAFILE)"
+        else:
+            binary, why = _ggml_binary(peers_dir, args.llamacpp_peer)
+        if not why:
+            gu_t, dn_t = GGUF_MIXES.get(args.gguf_type, (args.gguf_type, args.gguf_type))
+            cmd = [binary, "--experts", str(E), "--topk", str(K), "--hidden", str(H)]
+            cmd += ["--inter", str(I), "--gu-type", gu_t, "--down-type", dn_t]
+            cmd += ["--tokens", ",".join(str(t) for t in args.tokens), "--threads", str(threads)]
+            cmd += ["--layers", str(layers_n), "--budget-ms", str(args.budget_s * 1000.0)]
+            cmd += ["--seed", str(args.seed + 1)]
+            print(f"llama.cpp peer: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+            doc, why = _run_peer(cmd, timeout=3600)
+        if doc is None:
+            print(f"llama.cpp peer skipped: {why}", flush=True)
+            peers["llamacpp"] = {"skipped": why}
+        else:
+            lcpp_pairs = llamacpp_ratios(results, doc)
+            peers["llamacpp"] = dict(doc, pairs=lcpp_pairs)
+            print(
+                f"llama.cpp: ggml {doc.get('ggml_version')}, gate/up {doc.get('gu_buffer')}, down "
+                f"{doc.get('down_buffer')}, rel. L1 vs float64 {doc.get('rel_l1_vs_f64')}",
+                flush=True,
+            )
+            for q in lcpp_pairs:
+                print(
+                    f"T={q['tokens']:5d}: llama.cpp {q['llamacpp_us']:10.1f} µs -> kt-jit "
+                    f"{q['speedup']:.2f}x",
+                    flush=True,
+                )
     if args.onednn_peer:
         doc, why = None, None
         if not dtype:
@@ -995,7 +1133,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     flush=True,
                 )
     lim_after = None
-    if (ktk_pairs is not None) or (onednn_pairs is not None):
+    if (ktk_pairs is not None) or (onednn_pairs is not None) or (lcpp_pairs is not None):
         # The VM's bandwidth drifts: the limits again after the peers show how far it moved.
         lim_after = dict(_core.machine_limits())
         print(
@@ -1005,8 +1143,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             flush=True,
         )
         peers["limits_after_peers"] = lim_after
-    if args.ktkernel_peer or args.onednn_peer:
+    if args.ktkernel_peer or args.onednn_peer or args.llamacpp_peer:
         acceptance = peer_acceptance(ktk_pairs, onednn_pairs, dtype, E, K)
+        if lcpp_pairs is not None:
+            acceptance += llamacpp_acceptance(lcpp_pairs)
         for line in _acceptance_lines(acceptance):
             print(line, flush=True)
 

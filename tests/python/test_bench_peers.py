@@ -1,5 +1,6 @@
-"""`kt-jit bench`'s peer plumbing (kt-kernel, oneDNN) on canned peer output: JSON parsing, the
-ratios and the issue #5 item 4 checks. No peer is installed or run and nothing is timed."""
+"""`kt-jit bench`'s peer plumbing (kt-kernel, oneDNN, llama.cpp) on canned peer output: JSON
+parsing, the ratios and the issue #5 item 4 / issue #4 checks. No peer is installed or run and
+nothing is timed."""
 
 from __future__ import annotations
 
@@ -219,3 +220,48 @@ def test_peers_markdown_reports_skips():
     assert "kt-kernel: skipped (/opt/ktk-venv/bin/python not found)" in md
     assert "oneDNN: skipped (oneDNN not installed)" in md
     assert bench._peers_markdown({}, [], None, H, I) == []
+
+
+# tools/peers/ggml_bench.cpp's document: a line of ggml's own chatter before it.
+GGML_STDOUT = (
+    "repack: repack tensor  with q4_K_8x8\n"
+    + json.dumps(
+        {
+            "peer": "ggml",
+            "ggml_version": "0.25.3",
+            "ggml_commit": "0c1e570",
+            "gu_type": "Q4_K",
+            "down_type": "Q6_K",
+            "gu_buffer": "CPU_REPACK",
+            "down_buffer": "CPU",
+            "threads": 1,
+            "layers": 4,
+            "rel_l1_vs_f64": 0.015,
+            "results": [
+                {"tokens": 1, "us": 3300.0, "experts_touched": 8},
+                {"tokens": 1024, "us": 500000.0, "experts_touched": 128},
+            ],
+        }
+    )
+    + "\n"
+)
+
+
+def test_llamacpp_ratios_table_and_issue4_check():
+    rows = ktjit_rows()
+    doc = bench.parse_peer_json(GGML_STDOUT)
+    pairs = bench.llamacpp_ratios(rows, doc)
+    assert [p["tokens"] for p in pairs] == [1, 1024]  # the peer ran no T = 64
+    assert pairs[0]["speedup"] == pytest.approx(1.1)  # 3300 / 3000
+    assert rows[2]["speedup_vs_llamacpp"] == pytest.approx(2.5)  # 500000 / 200000
+    assert "llamacpp_us" not in rows[1]
+    table = bench._markdown_table(rows)
+    assert "vs llama.cpp" in table and "2.50x" in table and "| - | - |" in table
+    (acc,) = bench.llamacpp_acceptance(pairs)
+    assert acc["ok"] is False and acc["value"] == pytest.approx(2.5)  # under the 3x target
+    (acc,) = bench.llamacpp_acceptance(pairs[:1])
+    assert acc["ok"] is None  # no T = 1024 row
+    md = "\n".join(bench._peers_markdown({"llamacpp": dict(doc, pairs=pairs)}, [], None, H, I))
+    assert "Q4_K gate/up in CPU_REPACK, Q6_K down in CPU" in md and "0.015" in md
+    md = "\n".join(bench._peers_markdown({"llamacpp": {"skipped": "no ggml"}}, [], None, H, I))
+    assert "llama.cpp: skipped (no ggml)" in md
