@@ -221,50 +221,37 @@ def parse_peer_json(text: str) -> Dict:
     raise ValueError("no peer JSON document in the output")
 
 
-def ktkernel_ratios(results: List[Dict], doc: Dict) -> List[Dict]:
-    """Adds ktkernel_us and speedup_vs_ktkernel (kt-kernel time / kt-jit time) to kt-jit's rows
-    that kt-kernel also ran; returns the pairs."""
+def _peer_time_ratios(results: List[Dict], doc: Dict, name: str, extra=()) -> List[Dict]:
+    """Adds {name}_us and speedup_vs_{name} (the peer's time / kt-jit's) to kt-jit's rows that the
+    peer also ran; returns the pairs, with the peer row's `extra` keys as {name}_{key}."""
     by_t = {int(p["tokens"]): p for p in doc.get("results", [])}
     pairs = []
     for r in results:
         p = by_t.get(int(r["tokens"]))
         if not p or not p.get("us") or not r.get("us"):
             continue
-        r["ktkernel_us"] = float(p["us"])
-        r["speedup_vs_ktkernel"] = float(p["us"]) / float(r["us"])
-        pairs.append(
-            {
-                "tokens": r["tokens"],
-                "ktjit_us": r["us"],
-                "ktkernel_us": r["ktkernel_us"],
-                "speedup": r["speedup_vs_ktkernel"],
-                "ktkernel_weight_gbs": p.get("weight_gbs"),
-            }
-        )
+        r[f"{name}_us"] = float(p["us"])
+        r[f"speedup_vs_{name}"] = float(p["us"]) / float(r["us"])
+        pair = {
+            "tokens": r["tokens"],
+            "ktjit_us": r["us"],
+            f"{name}_us": r[f"{name}_us"],
+            "speedup": r[f"speedup_vs_{name}"],
+        }
+        pair.update({f"{name}_{k}": p.get(k) for k in extra})
+        pairs.append(pair)
     return pairs
+
+
+def ktkernel_ratios(results: List[Dict], doc: Dict) -> List[Dict]:
+    """kt-kernel's time over kt-jit's per token count (ktkernel_us, speedup_vs_ktkernel)."""
+    return _peer_time_ratios(results, doc, "ktkernel", ("weight_gbs",))
 
 
 def llamacpp_ratios(results: List[Dict], doc: Dict) -> List[Dict]:
-    """Adds llamacpp_us and speedup_vs_llamacpp (llama.cpp time / kt-jit time) to kt-jit's rows
-    that the ggml peer also ran; returns the pairs."""
-    by_t = {int(p["tokens"]): p for p in doc.get("results", [])}
-    pairs = []
-    for r in results:
-        p = by_t.get(int(r["tokens"]))
-        if not p or not p.get("us") or not r.get("us"):
-            continue
-        r["llamacpp_us"] = float(p["us"])
-        r["speedup_vs_llamacpp"] = float(p["us"]) / float(r["us"])
-        pairs.append(
-            {
-                "tokens": r["tokens"],
-                "ktjit_us": r["us"],
-                "llamacpp_us": r["llamacpp_us"],
-                "speedup": r["speedup_vs_llamacpp"],
-                "llamacpp_experts_touched": p.get("experts_touched"),
-            }
-        )
-    return pairs
+    """llama.cpp's (the ggml peer's) time over kt-jit's per token count (llamacpp_us,
+    speedup_vs_llamacpp)."""
+    return _peer_time_ratios(results, doc, "llamacpp", ("experts_touched",))
 
 
 def llamacpp_acceptance(pairs: List[Dict]) -> List[Dict]:

@@ -389,7 +389,7 @@ TEST(MxGemm, StripScratchTilesMatchReferenceBitwise) {
   uint32_t seed = 5000;
   size_t checked = 0;
   for (IsaLevel isa : test::kernel_test_levels()) {
-    if (isa != IsaLevel::avx2 && isa != IsaLevel::avx512 && isa != IsaLevel::avx512_vnni) continue;
+    if (!test::strip_scratch_level(isa)) continue;
     std::vector<std::string> names;
     for (WeightFormat fmt : {WeightFormat::mxfp4, WeightFormat::mxfp8})
       for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
@@ -405,10 +405,7 @@ TEST(MxGemm, StripScratchTilesMatchReferenceBitwise) {
               if (HasFatalFailure()) return;
               ++checked;
             }
-    const auto n_scratch = std::count_if(names.begin(), names.end(), [](const std::string& n) {
-      return n.find("_scratch") != std::string::npos;
-    });
-    EXPECT_GT(n_scratch, 0) << isa_name(isa);
+    EXPECT_GT(test::count_containing(names, "_scratch"), 0u) << isa_name(isa);
   }
   if (checked == 0) GTEST_SKIP() << "no avx2 / avx512 / avx512_vnni level runs here";
 }

@@ -1,7 +1,9 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "jit/cpu/cpu.hpp"
@@ -28,6 +30,18 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
+}
+
+// The x86 levels that generate strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel).
+inline bool strip_scratch_level(IsaLevel isa) {
+  return isa == IsaLevel::avx2 || isa == IsaLevel::avx512 || isa == IsaLevel::avx512_vnni;
+}
+
+// How many of `names` contain `part`.
+inline size_t count_containing(const std::vector<std::string>& names, const std::string& part) {
+  return size_t(std::count_if(names.begin(), names.end(), [&](const std::string& n) {
+    return n.find(part) != std::string::npos;
+  }));
 }
 
 }  // namespace ktjit::test
