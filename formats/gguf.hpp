@@ -66,6 +66,13 @@ struct TypeInfo {
   int code_lo, code_hi;  // the range of the decoded codes (Q6_K -32..31, Q8_0 -128..127, ...)
 };
 
+// The super block of two-level scales (formats/grouped.hpp GroupedSpec::super_group) for the type:
+// its 256-element block where the block holds several groups (K-quants, IQ4_XS: every group scale
+// is d, or dmin, times an integer sub-scale), else 0.
+inline int super_group(const TypeInfo& t) {
+  return !t.is_float && t.block > t.group ? t.block : 0;
+}
+
 // The type's description, or null when `ggml_type` is not supported.
 const TypeInfo* type_info(int ggml_type);
 // "F32, F16, BF16, Q4_0, ..." — for error messages.

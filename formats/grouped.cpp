@@ -2,8 +2,10 @@
 #include "formats/grouped.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 namespace ktjit::formats {
 
@@ -14,6 +16,11 @@ void check_grouped_spec(const GroupedSpec& spec, const std::string& what) {
   if (spec.code_bits != 8 && spec.code_bits != 4)
     throw std::invalid_argument(what + ": code_bits must be 8 or 4, got " +
                                 std::to_string(spec.code_bits));
+  if (spec.super_group < 0 || (spec.super_group && (spec.super_group % spec.group != 0 ||
+                                                    spec.super_group / spec.group > 256)))
+    throw std::invalid_argument(what + ": super_group must be 0 or 1 to 256 times the group " +
+                                std::to_string(spec.group) + ", got " +
+                                std::to_string(spec.super_group));
   if (spec.code_lo < -128 || spec.code_hi > 127 || spec.code_lo > spec.code_hi)
     throw std::invalid_argument(what + ": code range must lie in [-128, 127] with lo <= hi, got [" +
                                 std::to_string(spec.code_lo) + ", " + std::to_string(spec.code_hi) +
@@ -23,14 +30,71 @@ void check_grouped_spec(const GroupedSpec& spec, const std::string& what) {
 StripLayout qgroup_layout(int64_t n, int64_t k, int lanes, int strip_vecs, int sources,
                           const GroupedSpec& spec) {
   check_grouped_spec(spec, "qgroup layout");
-  if (k <= 0 || k % spec.group != 0)
-    throw std::invalid_argument("qgroup layout: K = " + std::to_string(k) +
-                                " is not a positive multiple of the group " +
-                                std::to_string(spec.group));
+  const int64_t unit = qgroup_unit(spec);
+  if (k <= 0 || k % unit != 0)
+    throw std::invalid_argument(
+        "qgroup layout: K = " + std::to_string(k) + " is not a positive multiple of the " +
+        (spec.super_group ? "super block " : "group ") + std::to_string(unit));
   StripLayout l =
       StripLayout::make(n, k, lanes, strip_vecs, sources, spec.code_bits, 4, spec.group / 4);
-  l.group_extra = spec.bias ? 8 : 4;
+  const int per = spec.bias ? 2 : 1;  // scale (and bias) per column
+  l.group_extra = spec.super_group ? per : 4 * per;
+  if (spec.super_group) {
+    l.super_groups = spec.super_group / spec.group;
+    l.super_extra = 4 * per;
+  }
   return l;
+}
+
+bool factor_int8(const float* x, int n, float* factor, int8_t* q) {
+  uint32_t g = 0;  // gcd of the odd mantissas
+  int emin = 1 << 20, zero_sign = -1;
+  for (int i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, &x[i], 4);
+    const uint32_t e = (b >> 23) & 0xff, f = b & 0x7fffff;
+    if (e == 0xff) return false;  // inf / NaN
+    if (e == 0 && f == 0) {       // a zero: factor * 0 must give its sign
+      const int sgn = int(b >> 31);
+      if (zero_sign >= 0 && zero_sign != sgn) return false;
+      zero_sign = sgn;
+      continue;
+    }
+    uint32_t m = e ? f | 0x800000u : f;
+    int ex = (e ? int(e) : 1) - 150;  // |x| = m * 2^ex
+    const int tz = __builtin_ctz(m);
+    m >>= tz;
+    ex += tz;
+    uint32_t a = g, c = m;  // gcd(g, m)
+    while (c) {
+      const uint32_t t = a % c;
+      a = c;
+      c = t;
+    }
+    g = a;
+    emin = std::min(emin, ex);
+  }
+  // |factor| = g * 2^emin (exact: g < 2^24, the exponent within fp32's); its sign is the zeros'
+  // if there are any, else whichever keeps the quotients in [-128, 127] (+128 needs a negative
+  // factor)
+  for (int sign = 0; sign < 2; ++sign) {
+    if (zero_sign >= 0 && sign != zero_sign) continue;
+    const float f = (g ? std::ldexp(float(g), emin) : 1.0f) * (sign ? -1.0f : 1.0f);
+    bool ok = true;
+    for (int i = 0; ok && i < n; ++i) {
+      const float r = x[i] / f;
+      ok = r >= -128.0f && r <= 127.0f && r == std::nearbyint(r);
+      if (!ok) break;
+      q[i] = int8_t(r);
+      const float back = f * float(q[i]);
+      ok = std::memcmp(&back, &x[i], 4) == 0;
+    }
+    if (ok) {
+      *factor = f;
+      return true;
+    }
+  }
+  return false;
 }
 
 void qgroup_kernel_lut(const GroupedSpec& spec, int offset, int8_t out[16]) {
@@ -68,6 +132,8 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
                                   ": has biases but the layer was built without a bias term");
     if (x.k0 % G != 0 || x.ld % G != 0)
       throw std::invalid_argument(x.name + ": column slice not on group boundaries");
+    if (spec.super_group && x.k0 % spec.super_group != 0)
+      throw std::invalid_argument(x.name + ": column slice not on super block boundaries");
   }
   int nibble_of[256];
   for (int& v : nibble_of) v = -1;
@@ -81,6 +147,8 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
     const int cols = l.strip_cols(vecs);
     const int64_t code_bytes = l.g_steps * cols * 4 * l.bits / 8;
     const int64_t group_bytes = code_bytes + cols * l.group_extra;
+    const int64_t sg = l.super_groups ? l.super_groups : groups;  // groups between headers
+    const int64_t header = l.super_extra * cols, super_bytes = sg * group_bytes + header;
     uint8_t* base = reinterpret_cast<uint8_t*>(out) + l.strip_offset(s);
     for (int j = 0; j < cols; ++j, ++c) {
       int si;
@@ -92,7 +160,7 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
       const int8_t* codes = x.m->codes + r * x.ld + x.k0;
       const int64_t gld = x.ld / G, g0 = x.k0 / G;
       for (int64_t g = 0; g < groups; ++g) {
-        uint8_t* gb = base + g * group_bytes;
+        uint8_t* gb = base + (g / sg) * super_bytes + header + (g % sg) * group_bytes;
         for (int64_t st = 0; st < l.g_steps; ++st)
           for (int q = 0; q < 4; ++q) {
             const int64_t k = (g * l.g_steps + st) * 4 + q;
@@ -113,6 +181,7 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
                   ": code " + std::to_string(int(code)) + " is not in the layer's 4-bit table");
             gb[(st / 2) * cols * 4 + j * 4 + q] |= uint8_t(idx << (st % 2 ? 4 : 0));
           }
+        if (l.super_groups) continue;  // two-level: each super block's factors below
         const float sc = x.m->scales[r * gld + g0 + g];
         std::memcpy(gb + code_bytes + j * 4, &sc, 4);
         if (spec.bias) {
@@ -120,6 +189,25 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
           std::memcpy(gb + code_bytes + (cols + j) * 4, &bi, 4);
         }
       }
+      for (int64_t b = 0; l.super_groups && b < groups / sg; ++b)
+        for (int t = 0; t < (spec.bias ? 2 : 1); ++t) {
+          const float* v = t ? x.m->biases : x.m->scales;  // null biases: zeros
+          float vals[256], f;
+          int8_t q[256];
+          for (int64_t i = 0; i < sg && i < 256; ++i)
+            vals[i] = v ? v[r * gld + g0 + b * sg + i] : 0;
+          if (sg > 256 || !factor_int8(vals, int(sg), &f, q))
+            throw std::invalid_argument(
+                x.name + ": row " + std::to_string(r) + " super block " +
+                std::to_string((x.k0 + b * sg * G) / spec.super_group) + ": the " +
+                (t ? "biases" : "scales") +
+                " of its groups are not an fp32 factor times int8 sub-scales (two-level "
+                "scales need the K-quant form d * sc)");
+          uint8_t* sb = base + b * super_bytes;
+          std::memcpy(sb + (t * cols + j) * 4, &f, 4);
+          for (int64_t i = 0; i < sg; ++i)
+            sb[header + i * group_bytes + code_bytes + t * cols + j] = uint8_t(q[i]);
+        }
     }
   }
 }
@@ -138,8 +226,21 @@ void unpack_qgroup_row(const StripLayout& l, const GroupedSpec& spec, const uint
   const bool nib = spec.code_bits == 4;
   const int64_t code_bytes = l.g_steps * cols * 4 * l.bits / 8;
   const int64_t group_bytes = code_bytes + cols * l.group_extra;
+  const int64_t sg = l.super_groups ? l.super_groups : l.groups();
+  const int64_t header = l.super_extra * cols, super_bytes = sg * group_bytes + header;
+  // group g's scale (t = 0) or bias (t = 1): fp32, or int8 sub * the super block's fp32 factor
+  auto factor = [&](const uint8_t* sb, const uint8_t* gb, int t) {
+    float f;
+    if (!l.super_groups) {
+      std::memcpy(&f, gb + code_bytes + (t * cols + col) * 4, 4);
+      return f;
+    }
+    std::memcpy(&f, sb + (t * cols + col) * 4, 4);
+    return float(int8_t(gb[code_bytes + t * cols + col])) * f;
+  };
   for (int64_t g = k0 / G; g < k1 / G; ++g) {
-    const uint8_t* gb = packed + l.strip_offset(strip) + g * group_bytes;
+    const uint8_t* sb = packed + l.strip_offset(strip) + (g / sg) * super_bytes;
+    const uint8_t* gb = sb + header + (g % sg) * group_bytes;
     for (int64_t st = 0; st < l.g_steps; ++st)
       for (int q = 0; q < 4; ++q) {
         const int64_t k = (g * l.g_steps + st) * 4 + q;
@@ -152,13 +253,8 @@ void unpack_qgroup_row(const StripLayout& l, const GroupedSpec& spec, const uint
         }
         codes[k - k0] = code;
       }
-    std::memcpy(scales + (g - k0 / G), gb + code_bytes + col * 4, 4);
-    if (biases) {
-      if (spec.bias)
-        std::memcpy(biases + (g - k0 / G), gb + code_bytes + (cols + col) * 4, 4);
-      else
-        biases[g - k0 / G] = 0.0f;
-    }
+    scales[g - k0 / G] = factor(sb, gb, 0);
+    if (biases) biases[g - k0 / G] = spec.bias ? factor(sb, gb, 1) : 0.0f;
   }
 }
 

@@ -36,16 +36,36 @@ struct GroupedSpec {
   // packer refuses codes outside it. A narrow range lets avx2 take offset codes (jit/kernel.hpp
   // kQGroupOffset).
   int code_lo = -128, code_hi = 127;
+  // Two-level scales (0: off): K elements per super block, a multiple of `group`. The layer then
+  // stores each group's scale (and bias) as an int8 sub-scale times an fp32 factor per (column,
+  // super block), found by the packer so that factor * sub equals the fp32 scale exactly (GGUF's
+  // K-quants and IQ4_XS are d * int sub-scale: super_group 256). The kernels compute the same
+  // fp32 scale, so the results do not change; Q4_K streams 0.59 bytes a weight instead of 0.75.
+  // K of every matrix (and shard of down) must then be whole super blocks.
+  int64_t super_group = 0;
 };
+
+// K elements of a matrix's smallest whole unit: the super block, or the group.
+inline int64_t qgroup_unit(const GroupedSpec& spec) {
+  return spec.super_group ? spec.super_group : spec.group;
+}
+
+// Factors fp32 values x[0 .. n) as factor * q[i] with q int8, exactly in fp32 (zeros of the sign
+// factor * 0 gives). Returns false when no such factor exists (non-finite values, mantissas too
+// far apart, or zeros of both signs).
+bool factor_int8(const float* x, int n, float* factor, int8_t* q);
 
 // ---- packing for the qgroup kernels (formats/grouped.cpp; layout in docs/FORMATS.md) -----------
 // Strips as the integer formats ([k/4][column][4 k] bytes; 4-bit: two K steps per byte block, the
 // even step in the low nibbles), and per strip and group: the group's codes, then one fp32 scale
 // per packed column, then (spec.bias) one fp32 bias per packed column. Padding columns have zero
-// codes, scales and biases.
+// codes, scales and biases. With two-level scales, each super block starts with a header (one
+// fp32 scale factor per packed column, then with a bias one fp32 bias factor per column) and each
+// group's scales and biases are int8 (one byte per packed column each).
 
 // Throws std::invalid_argument (naming `what`) unless group is a positive multiple of 16,
-// code_bits is 8 or 4 and code_lo <= code_hi lie in [-128, 127].
+// code_bits is 8 or 4, code_lo <= code_hi lie in [-128, 127] and super_group is 0 or a positive
+// multiple of group.
 void check_grouped_spec(const GroupedSpec& spec, const std::string& what);
 
 // The strip layout of a matrix [n, k] (k a multiple of spec.group) in `sources` sources (2: fused
@@ -61,7 +81,9 @@ struct GroupedSlice {
   std::string name;
 };
 
-// Packs `src[0 .. layout.sources)` into `out` (layout.total_bytes()). Byte codes are stored as
+// Packs `src[0 .. layout.sources)` into `out` (layout.total_bytes()). With two-level scales, a
+// super block whose scales (or biases) factor_int8 cannot split throws std::invalid_argument naming
+// the matrix, row and super block. Byte codes are stored as
 // uint8(code + offset): 128 for the VNNI kernels (= code XOR 0x80, their unsigned operand), c0 for
 // offset codes (qgroup_code_offset), else 0. Throws std::invalid_argument naming the matrix, row
 // and column of a code the 4-bit table lacks or outside the spec's byte range, or for a group size

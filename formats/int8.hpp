@@ -57,9 +57,15 @@ struct StripLayout {
   // codes (fp32 scale, and fp32 bias); MX (formats/mx.hpp): 1, the exponent byte stored before
   // each group's weights; 0 for every other format.
   int64_t group_extra = 0;
+  // qgroup two-level scales: groups per super block (0: none) and bytes per packed column of each
+  // super block's header (its fp32 factors).
+  int64_t super_groups = 0;
+  int64_t super_extra = 0;
+  int64_t supers() const { return super_groups ? groups() / super_groups : 0; }
   int strip_cols(int vecs) const { return vecs * lanes; }
   int64_t strip_bytes(int vecs) const {
-    return k4 * kgroup * strip_cols(vecs) * bits / 8 + groups() * strip_cols(vecs) * group_extra;
+    return k4 * kgroup * strip_cols(vecs) * bits / 8 +
+           (groups() * group_extra + supers() * super_extra) * strip_cols(vecs);
   }
   // Output rows covered by one full strip (per source).
   int64_t rows_per_strip() const { return int64_t(strip_vecs) * lanes / sources; }
@@ -67,7 +73,8 @@ struct StripLayout {
     return full_strips * strip_cols(strip_vecs) + strip_cols(tail_vecs);
   }
   int64_t total_bytes() const {
-    return k4 * kgroup * total_cols() * bits / 8 + groups() * total_cols() * group_extra;
+    return k4 * kgroup * total_cols() * bits / 8 +
+           (groups() * group_extra + supers() * super_extra) * total_cols();
   }
   int64_t strip_offset(int64_t s) const { return s * strip_bytes(strip_vecs); }
   int64_t padded_k() const { return k4 * kgroup; }

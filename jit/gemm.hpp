@@ -88,6 +88,12 @@ struct GemmArgs {
   // where the kernel decodes each strip to bf16 k pairs ([k/2][column][2]) once and reuses it for
   // every M block.
   void* scratch;
+  // qgroup kQGroupSuper only: groups per super block and super blocks per strip (g_per_strip =
+  // g_per_super * s_per_strip). Each super block starts with its header: one fp32 scale factor
+  // per packed column (then, with a bias, one fp32 bias factor per column); each group's codes
+  // are followed by one int8 sub-scale (then sub-bias) per column.
+  int64_t g_per_super;
+  int64_t s_per_strip;
 };
 static_assert(offsetof(GemmArgs, m_blocks) == 88, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, g_per_strip) == 112, "GemmArgs is part of the kernel ABI");
@@ -96,6 +102,8 @@ static_assert(offsetof(GemmArgs, a_gsum_ld) == 136, "GemmArgs is part of the ker
 static_assert(offsetof(GemmArgs, swiglu_limit) == 144, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, swiglu_alpha) == 148, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, scratch) == 152, "GemmArgs is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, g_per_super) == 160, "GemmArgs is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, s_per_strip) == 168, "GemmArgs is part of the kernel ABI");
 
 using GemmFn = void (*)(const GemmArgs*);
 

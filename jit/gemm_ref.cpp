@@ -176,10 +176,28 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   // offset codes (kQGroupOffset): the table holds code + c0, read unsigned; c0 * s_g comes off
   const bool offset = key.variant & kQGroupOffset;
   const int32_t c0 = qgroup_code_offset(key);
+  // two-level scales (kQGroupSuper): per super block of g_per_super groups a header of fp32
+  // factors (scale, then bias, per column), each group's codes followed by int8 subs
+  const bool super = key.variant & kQGroupSuper;
   const int64_t code_bytes = args.g_steps * cols * 4 / (nib ? 2 : 1);
-  const int64_t group_bytes = code_bytes + int64_t(cols) * 4 * (bias ? 2 : 1);
+  const int64_t group_bytes = code_bytes + int64_t(cols) * (super ? 1 : 4) * (bias ? 2 : 1);
+  const int64_t header_bytes = super ? int64_t(cols) * 4 * (bias ? 2 : 1) : 0;
+  const int64_t gps = super ? args.g_per_super : args.g_per_strip;
+  const int64_t strip_bytes = (group_bytes * gps + header_bytes) * (args.g_per_strip / gps);
+  // The fp32 scale (b = 0) or bias (b = 1) of group g, column n, as the kernels compute it.
+  auto factor = [&](const int8_t* w, int64_t g, int n, int b) {
+    const int8_t* gw = w + (g / gps) * (group_bytes * gps + header_bytes) + header_bytes +
+                       (g % gps) * group_bytes + code_bytes;
+    float f;
+    if (!super) {
+      std::memcpy(&f, gw + (b * cols + n) * 4, 4);
+      return f;
+    }
+    std::memcpy(&f, w + (g / gps) * (group_bytes * gps + header_bytes) + (b * cols + n) * 4, 4);
+    return float(gw[b * cols + n]) * f;
+  };
   const int8_t* w = args.w;
-  for (int64_t s = 0; s < args.n_strips; ++s, w += group_bytes * args.g_per_strip) {
+  for (int64_t s = 0; s < args.n_strips; ++s, w += strip_bytes) {
     const int64_t col0 = args.out_col + s * out_cols;
     for (int64_t m = 0; m < blocks * rows; ++m) {
       const int8_t* a = args.a + m * args.lda;
@@ -187,7 +205,8 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
       for (int n = 0; n < cols; ++n) {
         float t = 0.0f;
         for (int64_t g = 0; g < args.g_per_strip; ++g) {
-          const int8_t* gw = w + g * group_bytes;
+          const int8_t* gw = w + (g / gps) * (group_bytes * gps + header_bytes) + header_bytes +
+                             (g % gps) * group_bytes;
           // As the kernel sees them: VNNI levels multiply a by the stored byte as unsigned
           // (code + 128) and remove 128 * s_g (read from a_gsum); the others by the signed code.
           const int32_t gs =
@@ -205,15 +224,10 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
               }
               acc += av * (flip || offset ? int32_t(b) : int32_t(int8_t(b)));
             }
-          float sc, bi;
           if (flip) acc -= 128 * gs;
           if (offset) acc -= c0 * gs;
-          std::memcpy(&sc, gw + code_bytes + n * 4, 4);
-          t = std::fma(sc, float(acc), t);
-          if (bias) {
-            std::memcpy(&bi, gw + code_bytes + (cols + n) * 4, 4);
-            t = std::fma(bi, float(gs), t);
-          }
+          t = std::fma(factor(w, g, n, 0), float(acc), t);
+          if (bias) t = std::fma(factor(w, g, n, 1), float(gs), t);
         }
         y[n] = args.a_scale[m] * t;
       }

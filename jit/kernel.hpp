@@ -51,6 +51,12 @@ constexpr uint8_t kQGroupBias = 2;     // a per-(column, group) offset term
 // c0 * s_g per group. c0's log2 + 1 is in variant bits 4..7 (0: c0 = 0). jit/gemm.hpp
 // qgroup_code_offset.
 constexpr uint8_t kQGroupOffset = 4;
+// Two-level scales (GGUF's K-quants and IQ4_XS): each group's scale (and bias) is stored as an
+// int8 sub-scale, multiplied in the kernel by an fp32 factor per column and super block of
+// GemmArgs::g_per_super groups (a header before the super block's groups). The product is the
+// exact fp32 scale a one-level layout would hold, so results are the same bits in fewer bytes
+// (formats/grouped.hpp GroupedSpec::super_group). The value kStripScratch has elsewhere.
+constexpr uint8_t kQGroupSuper = 8;
 
 // KernelKey::variant bit of kernels at avx512_bf16 that take bf16 activation pairs and multiply
 // with vdpbf16ps: WeightFormat::bf16 prefill over the strip re-laid as k pairs (jit/gemm.hpp

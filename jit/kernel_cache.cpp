@@ -56,11 +56,13 @@ std::string KernelKey::name() const {
   s << kind_name(kind);
   if (kind == KernelKind::gemm_decode || kind == KernelKind::gemm_prefill) {
     s << '_';
-    if (format == WeightFormat::qgroup)  // qg8, qg4, qg8b, qg4b: code storage and bias term
+    if (format == WeightFormat::qgroup)  // qg8, qg4, qg8b, qg4b: code storage and bias term,
+      // then u<c0> (offset codes) and s (two-level scales)
       s << "qg" << (variant & kQGroupNibbles ? 4 : 8) << (variant & kQGroupBias ? "b" : "")
         << (variant & kQGroupOffset
                 ? "u" + std::to_string((variant >> 4) ? 1 << ((variant >> 4) - 1) : 0)
-                : "");
+                : "")
+        << (variant & kQGroupSuper ? "s" : "");
     else
       s << format_name(format);
     s << '_' << isa_tag(isa) << "_m" << int(m_r) << 'n' << int(n_vec) * vec_lanes(isa) << '_'
@@ -69,7 +71,7 @@ std::string KernelKey::name() const {
       s << (variant & kSwigluAlpha ? "_alpha" : "") << (variant & kSwigluClamp ? "_clamp" : "");
     if ((format == WeightFormat::bf16 || format == WeightFormat::fp8) && (variant & kBf16Pairs))
       s << "_dpbf16";
-    if (variant & kStripScratch) s << "_scratch";
+    if (format != WeightFormat::qgroup && (variant & kStripScratch)) s << "_scratch";
   } else {
     s << '_' << isa_tag(isa) << "_v" << int(variant);
   }

@@ -147,14 +147,16 @@ PYBIND11_MODULE(_core, m) {
                        float swiglu_limit, float swiglu_alpha, int64_t gu_group, int64_t down_group,
                        bool gu_bias, bool down_bias, const std::vector<int>& gu_lut,
                        const std::vector<int>& down_lut, const std::vector<int>& gu_code_range,
-                       const std::vector<int>& down_code_range) {
+                       const std::vector<int>& down_code_range, int64_t gu_super_group,
+                       int64_t down_super_group) {
              auto l = std::make_unique<PyMoELayer>();
              const MoEShape shape{E, K, H, I};
              if (shards <= 0)  // one shard per worker pool (pool s % pools runs shard s)
                shards = ThreadPool::global_exists() ? ThreadPool::global().pools() : 1;
              const bool grouped = method_format(method) == WeightFormat::qgroup;
              if (grouped || gu_group || down_group || gu_bias || down_bias || !gu_lut.empty() ||
-                 !down_lut.empty() || !gu_code_range.empty() || !down_code_range.empty()) {
+                 !down_lut.empty() || !gu_code_range.empty() || !down_code_range.empty() ||
+                 gu_super_group || down_super_group) {
                if (!grouped)
                  throw std::invalid_argument(
                      "gu_group / down_group / *_bias / *_lut apply to LLAMAFILE, RAWINT4 and "
@@ -167,9 +169,11 @@ PYBIND11_MODULE(_core, m) {
                                              std::to_string(gu_group) + " and " +
                                              std::to_string(down_group));
                auto spec = [](int64_t group, bool bias, const std::vector<int>& lut,
-                              const std::vector<int>& range, const char* what) {
+                              const std::vector<int>& range, int64_t super_group,
+                              const char* what) {
                  formats::GroupedSpec sp;
                  sp.group = group;
+                 sp.super_group = super_group;  // checked by check_grouped_spec
                  sp.bias = bias;
                  sp.code_bits = lut.empty() ? 8 : 4;
                  if (!range.empty()) {  // byte codes' range (checked by check_grouped_spec)
@@ -195,12 +199,14 @@ PYBIND11_MODULE(_core, m) {
                  }
                  return sp;
                };
-               const formats::GroupedSpec gu = spec(gu_group, gu_bias, gu_lut, gu_code_range, "gu");
+               const formats::GroupedSpec gu =
+                   spec(gu_group, gu_bias, gu_lut, gu_code_range, gu_super_group, "gu");
                const formats::GroupedSpec dn =
-                   spec(down_group, down_bias, down_lut, down_code_range, "down");
+                   spec(down_group, down_bias, down_lut, down_code_range, down_super_group, "down");
+               const int64_t unit = down_super_group > 0 ? down_super_group : down_group;
                std::vector<int64_t> bounds = shard_bounds;
-               if (bounds.empty() && I > 0 && I % down_group == 0)
-                 bounds = MoELayer::grouped_shard_bounds(I, down_group, shards);
+               if (bounds.empty() && I > 0 && I % unit == 0)
+                 bounds = MoELayer::grouped_shard_bounds(I, unit, shards);
                l->layer = std::make_unique<MoELayer>(shape, method, level_arg(isa), bounds, gu, dn);
                return l;
              }
@@ -219,8 +225,12 @@ PYBIND11_MODULE(_core, m) {
            py::arg("down_group") = 0, py::arg("gu_bias") = false, py::arg("down_bias") = false,
            py::arg("gu_lut") = std::vector<int>{}, py::arg("down_lut") = std::vector<int>{},
            py::arg("gu_code_range") = std::vector<int>{},
-           py::arg("down_code_range") = std::vector<int>{},
+           py::arg("down_code_range") = std::vector<int>{}, py::arg("gu_super_group") = 0,
+           py::arg("down_super_group") = 0,
            "shard_bounds: [0, b1, ..., I] splits I into shards (e.g. a checkpoint's NUMA parts); "
+           "*_super_group: K elements per super block of two-level scales (GGUF K-quants: 256; "
+           "each group's scale is then kept as an int8 sub-scale times an fp32 factor per super "
+           "block, exactly; 0: fp32 scales); "
            "*_code_range: [lo, hi] of byte codes (default the whole byte; a narrow range lets "
            "avx2 take offset-code kernels, codes outside it are refused at load); "
            "otherwise `shards` even parts on the format's block boundaries (0: one per worker "

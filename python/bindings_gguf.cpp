@@ -57,6 +57,7 @@ py::dict info_dict(const gg::TypeInfo& t) {
     for (int8_t v : t.lut) lut.push_back(v);
   d["lut"] = lut;  // [] when codes need bytes
   d["code_range"] = std::vector<int>{t.code_lo, t.code_hi};
+  d["super_group"] = gg::super_group(t);  // two-level scales: the block (K-quants, IQ4_XS) or 0
   return d;
 }
 

@@ -158,9 +158,9 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
                shard_bounds.empty() ? std::vector<int64_t>{0, shape.intermediate} : shard_bounds,
                &gu, &down) {}
 
-std::vector<int64_t> MoELayer::grouped_shard_bounds(int64_t intermediate, int64_t down_group,
+std::vector<int64_t> MoELayer::grouped_shard_bounds(int64_t intermediate, int64_t down_unit,
                                                     int shards) {
-  return formats::qgroup_shard_bounds(intermediate, down_group, shards);
+  return formats::qgroup_shard_bounds(intermediate, down_unit, shards);
 }
 
 MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
@@ -178,11 +178,13 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
                                   "down_group, biases and 4-bit tables)");
     formats::check_grouped_spec(*gu, method + " gate/up");
     formats::check_grouped_spec(*down, method + " down");
-    if (shape.hidden % gu->group != 0 || shape.intermediate % down->group != 0)
+    const int64_t gu_unit = formats::qgroup_unit(*gu), dn_unit = formats::qgroup_unit(*down);
+    if (shape.hidden % gu_unit != 0 || shape.intermediate % dn_unit != 0)
       throw std::invalid_argument(
           method + ": hidden size " + std::to_string(shape.hidden) + " must be a multiple of " +
-          "gu_group " + std::to_string(gu->group) + " and intermediate size " +
-          std::to_string(shape.intermediate) + " of down_group " + std::to_string(down->group));
+          "gate/up's " + (gu->super_group ? "super block " : "group ") + std::to_string(gu_unit) +
+          " and intermediate size " + std::to_string(shape.intermediate) + " of down's " +
+          (down->super_group ? "super block " : "group ") + std::to_string(dn_unit));
     qg_gu_ = *gu;
     qg_down_ = *down;
     qg_store_offset_[0] = qgroup_store_offset(isa, qg_gu_);
@@ -221,13 +223,14 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     const int64_t is = sh.i_end - sh.i_begin;
     const int bits = format_bits(format_);
     if (format_ == WeightFormat::qgroup) {
-      if (sh.i_begin % qg_down_.group != 0 || sh.i_end % qg_down_.group != 0)
+      const int64_t unit = formats::qgroup_unit(qg_down_);
+      if (sh.i_begin % unit != 0 || sh.i_end % unit != 0)
         throw std::invalid_argument("shard_bounds: " + method +
                                     " shards split down's K (I) and must lie on multiples "
-                                    "of down_group " +
-                                    std::to_string(qg_down_.group) + ", got [" +
-                                    std::to_string(sh.i_begin) + ", " + std::to_string(sh.i_end) +
-                                    ")");
+                                    "of down's " +
+                                    (qg_down_.super_group ? "super block " : "group ") +
+                                    std::to_string(unit) + ", got [" + std::to_string(sh.i_begin) +
+                                    ", " + std::to_string(sh.i_end) + ")");
       sh.gu = formats::qgroup_layout(is, shape.hidden, lanes_, kStripVecs, 2, qg_gu_);
       sh.down = formats::qgroup_layout(shape.hidden, is, lanes_, kStripVecs, 1, qg_down_);
     } else if (is_mx_format(format_)) {  // formats/mx.hpp: K in groups of 32 with per-column scales
@@ -402,6 +405,7 @@ void MoELayer::build_kernels() {
     auto qg_variant = [&](const formats::GroupedSpec& g) {
       const int c0 = qgroup_offset(isa_, g);
       return uint8_t((g.code_bits == 4 ? kQGroupNibbles : 0) | (g.bias ? kQGroupBias : 0) |
+                     (g.super_group ? kQGroupSuper : 0) |
                      (c0 >= 0 ? qgroup_offset_variant(c0) : 0));
     };
     const bool qg = format_ == WeightFormat::qgroup;
@@ -861,6 +865,8 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     args.w_gscale = gscale ? gscale + s0 * layout.gscale_floats_per_strip() : nullptr;
     args.g_steps = layout.g_steps;
     args.g_per_strip = layout.groups();
+    args.g_per_super = layout.super_groups;
+    args.s_per_strip = layout.supers();
     args.swiglu_limit = swiglu_limit_;
     args.swiglu_alpha = swiglu_alpha_;
     args.lut = qg_lut_[ks.epilogue == Epilogue::siluup ? 0 : 1];

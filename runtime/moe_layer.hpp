@@ -113,8 +113,9 @@ class MoELayer {
   MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
            const std::vector<int64_t>& shard_bounds, const formats::GroupedSpec& gu,
            const formats::GroupedSpec& down);
-  // Even shard bounds on down.group boundaries (formats::qgroup_shard_bounds).
-  static std::vector<int64_t> grouped_shard_bounds(int64_t intermediate, int64_t down_group,
+  // Even shard bounds on multiples of down's unit (formats::qgroup_unit: its super block or
+  // group; formats::qgroup_shard_bounds).
+  static std::vector<int64_t> grouped_shard_bounds(int64_t intermediate, int64_t down_unit,
                                                    int shards);
   ~MoELayer();
 

@@ -43,6 +43,7 @@ class GemmGenerator : public JitGenerator {
         qg4_(qg_ && (key.variant & kQGroupNibbles)),
         qgb_(qg_ && (key.variant & kQGroupBias)),
         qgo_(qg_ && (key.variant & kQGroupOffset)),
+        qgs_(qg_ && (key.variant & kQGroupSuper)),
         qc0_(qgroup_code_offset(key)),
         gsum_(qg_ && qgroup_needs_gsum(key)),
         nib_(int4_ || qg4_),
@@ -69,7 +70,7 @@ class GemmGenerator : public JitGenerator {
           key.describe());
     if (fp8_ && (key.variant & ~(kBf16Pairs | kStripScratch)))
       throw std::invalid_argument("gemm: unknown fp8 variant bits: " + key.describe());
-    if ((key.variant & kStripScratch) &&
+    if ((key.variant & kStripScratch) && !qg_ &&
         (!(fp8_ || mx_) || key.kind != KernelKind::gemm_prefill ||
          (fp8_ && (key.variant & kBf16Pairs)) || key.isa == IsaLevel::avx512_bf16))
       throw std::invalid_argument(
@@ -79,8 +80,9 @@ class GemmGenerator : public JitGenerator {
       throw std::invalid_argument(
           "gemm: fp8 pair kernels (vdpbf16ps) are at avx512_bf16, decode ones of <= 4 rows: " +
           key.describe());
-    if (qg_ && ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | 0xf0)) ||
-                ((key.variant & 0xf0) && !qgo_)))
+    if (qg_ &&
+        ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper | 0xf0)) ||
+         ((key.variant & 0xf0) && !qgo_)))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
     if (qgo_ && (vnni_ || qc0_ > 128))
       throw std::invalid_argument(
@@ -138,8 +140,10 @@ class GemmGenerator : public JitGenerator {
            : nib_         ? strip_k4_bytes() / 2
                           : strip_k4_bytes();
   }
-  // qgroup: bytes after each group's codes (fp32 scales, then fp32 biases, one per column).
-  int qg_extra_bytes() const { return strip_cols() * 4 * (qgb_ ? 2 : 1); }
+  // qgroup: bytes after each group's codes (fp32 scales, then fp32 biases, one per column; with
+  // two-level scales int8 sub-scales and sub-biases), and of a super block's header (fp32 factors).
+  int qg_extra_bytes() const { return strip_cols() * (qgs_ ? 1 : 4) * (qgb_ ? 2 : 1); }
+  int qg_header_bytes() const { return strip_cols() * 4 * (qgb_ ? 2 : 1); }
   // Bytes of one strip into `r` (the next strip starts there).
   void strip_bytes_to(const Reg64& r) {
     if (mx_) {  // per group: one exponent byte per column, then the group's weights
@@ -153,7 +157,13 @@ class GemmGenerator : public JitGenerator {
       mov(r, arg(offsetof(GemmArgs, g_steps)));
       imul(r, r, step_bytes());
       add(r, qg_extra_bytes());
-      imul(r, arg(offsetof(GemmArgs, g_per_strip)));
+      if (qgs_) {  // super blocks: their groups, then the header
+        imul(r, arg(offsetof(GemmArgs, g_per_super)));
+        add(r, qg_header_bytes());
+        imul(r, arg(offsetof(GemmArgs, s_per_strip)));
+      } else {
+        imul(r, arg(offsetof(GemmArgs, g_per_strip)));
+      }
     } else {
       mov(r, arg(offsetof(GemmArgs, k4)));
       imul(r, r, fp8p_ ? strip_cols() : step_bytes());  // fp8 pair steps are two K steps
@@ -162,6 +172,9 @@ class GemmGenerator : public JitGenerator {
   // qgroup registers: the row block's a_gsum entry of the current group, and groups left.
   const Reg64 reg_gsum = r12;  // (reg_wscale: qgroup scales live in the weight stream)
   const Reg64 reg_gc = r13;    // (reg_comp: no per-column compensation)
+  // two-level scales: the current super block's header, and its groups left (free in the loop)
+  const Reg64 reg_sb = rax;
+  const Reg64 reg_sg = rdx;
   // qgroup vector registers: fp32 accumulators are acc(m, v) (the epilogues' inputs), the int32
   // group accumulators follow them; scratch sits at the top of the register file.
   Xmm qacc(int m, int v) const { return vreg(mr_ * nv_ + m * nv_ + v); }
@@ -448,8 +461,19 @@ class GemmGenerator : public JitGenerator {
     }
     test(reg_gc, reg_gc);
     jle(done, T_NEAR);
+    if (qgs_) xor_(reg_sg.cvt32(), reg_sg.cvt32());
     L(group);
     {
+      if (qgs_) {  // a new super block: its header (the fp32 factors) is read by each group end
+        Label same;
+        test(reg_sg, reg_sg);
+        jnz(same, T_NEAR);
+        mov(reg_sb, reg_w);
+        advance_w(qg_header_bytes());
+        mov(reg_sg, arg(offsetof(GemmArgs, g_per_super)));
+        L(same);
+        dec(reg_sg);
+      }
       for (int m = 0; m < mr_; ++m)
         for (int v = 0; v < nv_; ++v) vpxord_any(qacc(m, v));
       // g_steps is a multiple of 4 (G a multiple of 16): whole unrolled iterations, nibble
@@ -488,8 +512,27 @@ class GemmGenerator : public JitGenerator {
       for (int v = 0; v < nv_; ++v) {
         if (shift >= 0) vpsubd(qacc(m, v), qacc(m, v), gc);
         vcvtdq2ps(qacc(m, v), qacc(m, v));
-        vfmadd231ps(acc(m, v), qacc(m, v), vmem(reg_w + v * vec_bytes()));
-        if (qgb_) vfmadd231ps(acc(m, v), gs, vmem(reg_w + (nv_ + v) * vec_bytes()));
+        if (!qgs_) {
+          vfmadd231ps(acc(m, v), qacc(m, v), vmem(reg_w + v * vec_bytes()));
+          if (qgb_) vfmadd231ps(acc(m, v), gs, vmem(reg_w + (nv_ + v) * vec_bytes()));
+          continue;
+        }
+        // two-level: scale = float(sub) * factor (exact, the one-level fp32 scale), then the
+        // same fma; likewise the bias
+        const Xmm t = qw(1);
+        for (int b = 0; b < (qgb_ ? 2 : 1); ++b) {
+          const RegExp sub = reg_w + b * strip_cols() + v * lanes_;
+          if (zmm_isa())
+            vpmovsxbd(t, xword[sub]);
+          else
+            vpmovsxbd(t, qword[sub]);
+          vcvtdq2ps(t, t);
+          vmulps(t, t, vmem(reg_sb + (b * nv_ + v) * vec_bytes()));
+          if (b == 0)
+            vfmadd231ps(acc(m, v), qacc(m, v), t);
+          else
+            vfmadd231ps(acc(m, v), gs, t);
+        }
       }
     }
     advance_w(qg_extra_bytes());
@@ -1496,7 +1539,7 @@ class GemmGenerator : public JitGenerator {
   const KernelKey key_;
   const int lanes_, nv_, mr_;
   const bool vnni_, int4_, bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;
-  const bool qg_, qg4_, qgb_, qgo_;
+  const bool qg_, qg4_, qgb_, qgo_, qgs_;
   const int qc0_;  // offset codes: c0
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;

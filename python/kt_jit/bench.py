@@ -103,17 +103,20 @@ WEIGHT_NAME.update(
     }
 )
 #: GGUF block types as kt-jit stores them (formats/grouped.hpp): 4-bit codes through a table or
-#: bytes, the scale group, an offset term. Random codes in each type's range.
+#: bytes, the scale group, an offset term, the super block of two-level scales (K-quants and
+#: IQ4_XS: group scales are d * an integer, kept as int8 times an fp32 factor per 256). Random
+#: codes in each type's range; scales of that form.
 GGUF_TYPES = {
     "Q4_0": {"lut": [i - 8 for i in range(16)], "group": 32, "bias": False},
-    "Q4_K": {"lut": list(range(16)), "group": 32, "bias": True},
+    "Q4_K": {"lut": list(range(16)), "group": 32, "bias": True, "super": 256},
     "IQ4_XS": {
         "lut": [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
         "group": 32,
         "bias": False,
+        "super": 256,
     },
-    "Q5_K": {"lut": None, "range": (0, 32), "group": 32, "bias": True},
-    "Q6_K": {"lut": None, "range": (-32, 32), "group": 16, "bias": False},
+    "Q5_K": {"lut": None, "range": (0, 32), "group": 32, "bias": True, "super": 256},
+    "Q6_K": {"lut": None, "range": (-32, 32), "group": 16, "bias": False, "super": 256},
     "Q8_0": {"lut": None, "range": (-128, 128), "group": 32, "bias": False},
 }
 GGUF_MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}  # gate/up type, down type
@@ -140,6 +143,7 @@ def _make_layer(_core, method, E, K, H, I, isa, gguf_type):
             gu_group=gu["group"], down_group=dn["group"], gu_bias=gu["bias"],
             down_bias=dn["bias"], gu_lut=gu["lut"] or [], down_lut=dn["lut"] or [],
             gu_code_range=rng(gu), down_code_range=rng(dn),
+            gu_super_group=gu.get("super", 0), down_super_group=dn.get("super", 0),
         )  # fmt: skip
     if method in MX_METHODS:
         return _core.MoELayer(E, K, H, I, method, isa, swiglu_limit=7.0)
@@ -160,8 +164,19 @@ def _random_sources(torch, method, E, H, I, gen, gguf_type):
                 lo, hi = spec["range"]
                 codes = torch.randint(lo, hi, (E, n, k), generator=gen, dtype=torch.int8)
             g = k // spec["group"]
-            sc = torch.rand(E, n, g, generator=gen) * 1e-3
-            bs = torch.randn(E, n, g, generator=gen) * 1e-3 if spec["bias"] else None
+            if spec.get("super"):  # d (an fp16 value) per super block times integer sub-scales
+
+                def two_level(sign):
+                    per = spec["super"] // spec["group"]
+                    d = (torch.rand(E, n, g // per, 1, generator=gen) * 3e-5).half().float()
+                    sub = torch.randint(1, 64, (E, n, g // per, per), generator=gen).float()
+                    return (sign * d * sub).reshape(E, n, g)
+
+                sc = two_level(1.0)
+                bs = two_level(-1.0) if spec["bias"] else None
+            else:
+                sc = torch.rand(E, n, g, generator=gen) * 1e-3
+                bs = torch.randn(E, n, g, generator=gen) * 1e-3 if spec["bias"] else None
             out.append((codes, sc, bs))
         return out
     if method in MX_METHODS:

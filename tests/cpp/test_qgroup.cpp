@@ -40,6 +40,9 @@ struct Problem {
   // Offset-code kernels (kQGroupOffset; the executor's choice at avx2 where the codes allow it).
   // Byte codes then lie in a narrow range (byte_range()), as Q6_K's or Q5_K's do.
   bool offset = false;
+  // Two-level scales (kQGroupSuper): groups per super block (0: fp32 scales). Scales (biases) are
+  // then an fp16 value per (row, super block) times integer sub-scales, as GGUF's K-quants.
+  int64_t super = 0;
   int lut() const { return int(seed % 4); }
   std::pair<int, int> byte_range() const {
     if (!offset) return {-128, 127};
@@ -52,6 +55,7 @@ struct Problem {
     sp.code_bits = nib ? 4 : 8;
     if (nib) std::memcpy(sp.lut, kLuts[lut()], 16);
     std::tie(sp.code_lo, sp.code_hi) = byte_range();
+    sp.super_group = super * G;
     return sp;
   }
   // c0 of the offset codes (formats::qgroup_code_offset), -1 if the codes allow none
@@ -60,7 +64,7 @@ struct Problem {
     std::ostringstream s;
     s << "repro: KT_JIT_ISA=" << isa_name(isa) << " epi=" << int(epi) << " nib=" << nib
       << " bias=" << bias << " lut=" << (nib ? lut() : -1) << " offset=" << offset << " M=" << M
-      << " N=" << N << " K=" << K << " G=" << G << " seed=" << seed
+      << " N=" << N << " K=" << K << " G=" << G << " super=" << super << " seed=" << seed
       << " (ktjit_tests --gtest_filter='QGroup.*')";
     return s.str();
   }
@@ -79,6 +83,13 @@ struct Packed {
   std::vector<int8_t> w;
   int8_t lut[16];
 };
+
+// x rounded to 11 significant bits (as an fp16 d; its products with int8 stay exact in fp32).
+float fp16_like(float x) {
+  int e;
+  const float m = std::frexp(x, &e);
+  return std::ldexp(std::nearbyint(std::ldexp(m, 11)), e - 11);
+}
 
 Packed make_weights(const Problem& p) {
   Packed pk;
@@ -104,6 +115,15 @@ Packed make_weights(const Problem& p) {
       s.biases.resize(s.scales.size());
       for (auto& x : s.biases) x = sd(rng) * 3.0f;
     }
+    if (p.super) {  // d (fp16, either sign) per super block times sub-scales in [-128, 127]
+      std::uniform_int_distribution<int> sub(-128, 127);
+      float x_d = 0;
+      for (auto* v : {&s.scales, &s.biases})
+        for (size_t i = 0; i < v->size(); ++i) {
+          if (i % size_t(p.super) == 0) x_d = fp16_like(sd(rng));
+          (*v)[i] = x_d * float(i % 7 == 3 ? 0 : sub(rng));  // zero sub-scales too
+        }
+    }
     s.m = {s.codes.data(), s.scales.data(), p.bias ? s.biases.data() : nullptr, p.G};
   }
   formats::GroupedSlice sl[2];
@@ -126,6 +146,7 @@ KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
   k.epilogue = p.epi;
   k.variant = uint8_t((p.nib ? kQGroupNibbles : 0) | (p.bias ? kQGroupBias : 0));
   if (p.offset) k.variant |= qgroup_offset_variant(p.c0());
+  if (p.super) k.variant |= kQGroupSuper;
   return k;
 }
 
@@ -160,6 +181,8 @@ void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<floa
     args.m_blocks = blocks;
     args.g_steps = l.g_steps;
     args.g_per_strip = l.groups();
+    args.g_per_super = l.super_groups;
+    args.s_per_strip = l.supers();
     args.lut = pk.lut;
     args.a_gsum = x.gsum.data() + row0;
     args.a_gsum_ld = x.ld_rows * 4;
@@ -265,6 +288,8 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
     }
 }
 
+std::string isa_tag_of(IsaLevel isa);
+
 TEST(QGroup, SweepMatchesReferenceBitwise) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "x86 generators only";
@@ -289,6 +314,9 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
                 // and every other byte problem (its codes then in a narrow range)
                 p.offset = !qgroup_flip_codes(isa) && (p.seed / 4) % 2;
                 if (p.offset && p.c0() < 0) p.offset = false;
+                // two-level scales on every other problem: one super block over all of K (5
+                // groups for K = 80 / 160), or a header per group
+                if ((p.seed / 2) % 2) p.super = (p.seed / 8) % 2 ? p.K / p.G : 1;
                 check_problem(p, &names);
                 if (HasFatalFailure()) return;
                 ++checked;
@@ -296,8 +324,23 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
     EXPECT_GE(names.size(), 40u) << isa_name(isa);
+    // two-level kernels ran, with and without a bias ("qg4s_", "qg8bs_", "qg4u8s_", ...)
+    EXPECT_GE(test::count_containing(names, "s_" + std::string(isa_tag_of(isa))), 8u)
+        << isa_name(isa);
+    EXPECT_GE(test::count_containing(names, "bs_" + std::string(isa_tag_of(isa))), 4u)
+        << isa_name(isa);
   }
   EXPECT_GT(checked, 0u);
+}
+
+// The ISA tag kernel names carry ("avx512vnni"), read off a name.
+std::string isa_tag_of(IsaLevel isa) {
+  KernelKey k;
+  k.isa = isa;
+  k.format = WeightFormat::int8;
+  const std::string n = k.name();  // gemm_decode_int8_<tag>_m1n..
+  const size_t b = n.find("int8_") + 5;
+  return n.substr(b, n.find('_', b) - b);
 }
 
 TEST(QGroup, KernelNamesSpellTheVariant) {
@@ -316,6 +359,9 @@ TEST(QGroup, KernelNamesSpellTheVariant) {
   o.offset = true;
   EXPECT_EQ(o.c0(), 8);
   EXPECT_EQ(key_for(o, KernelKind::gemm_decode, 1, 4).name(), "gemm_decode_qg4u8_avx2_m1n32_store");
+  o.super = 8;
+  EXPECT_EQ(key_for(o, KernelKind::gemm_decode, 1, 4).name(),
+            "gemm_decode_qg4u8s_avx2_m1n32_store");
   for (IsaLevel isa :
        {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni, IsaLevel::avx512_bf16}) {
     p.isa = isa;
@@ -396,23 +442,91 @@ TEST(QGroup, PackerNamesBadCodesAndGroups) {
   EXPECT_EQ(formats::qgroup_shard_bounds(64, 32, 4), (std::vector<int64_t>{0, 32, 64}));
 }
 
+// Two-level scales: factor_int8 splits K-quant-like scales exactly (sub-scale -128 and zeros of
+// d's sign included) and refuses what has no exact split; the packer names the super block.
+TEST(QGroup, TwoLevelScalesFactorExactly) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dd(-0.05f, 0.05f);
+  std::uniform_int_distribution<int> sub(-128, 127);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const float d = fp16_like(dd(rng));
+    float x[16];
+    const int n = 1 + trial % 16;
+    for (int i = 0; i < n; ++i) x[i] = d * float(trial % 5 == 0 && i == 1 ? 0 : sub(rng));
+    if (trial % 3 == 0) x[0] = d * -128.0f;
+    float f;
+    int8_t q[16];
+    ASSERT_TRUE(formats::factor_int8(x, n, &f, q)) << "trial " << trial << " d " << d;
+    for (int i = 0; i < n; ++i) {
+      const float back = f * float(q[i]);
+      ASSERT_EQ(0, std::memcmp(&back, &x[i], 4)) << "trial " << trial << " i " << i;
+    }
+  }
+  float f;
+  int8_t q[4];
+  const float all_zero[2] = {-0.0f, -0.0f};
+  ASSERT_TRUE(formats::factor_int8(all_zero, 2, &f, q));
+  EXPECT_TRUE(std::signbit(f * float(q[0])));
+  const float bad[][2] = {{1.0f, 255.0f},           // 255 > 127 times any common factor
+                          {1.0f, 1.0f + 0x1p-23f},  // mantissas too far apart
+                          {0.0f, -0.0f},            // zeros of both signs
+                          {1.0f, INFINITY},
+                          {NAN, 1.0f}};
+  for (const auto& b : bad) EXPECT_FALSE(formats::factor_int8(b, 2, &f, q)) << b[0] << " " << b[1];
+  // the packer: a super block whose scales do not split is named
+  formats::GroupedSpec spec;
+  spec.group = 16;
+  spec.super_group = 32;
+  const int64_t N = 3, K = 64;
+  std::vector<int8_t> codes(size_t(N * K), 1);
+  std::vector<float> scales(size_t(N * K / 16), 0.5f);
+  scales[2 * 4 + 3] = 0.5f * 255.0f;  // row 2, super block 1
+  formats::GroupedMatrix m{codes.data(), scales.data(), nullptr, 16};
+  auto l = formats::qgroup_layout(N, K, 8, kStripVecs, 1, spec);
+  EXPECT_EQ(l.total_bytes(), 8 * (K + 4 * 1 + 2 * 4));  // per column: codes, subs, factors
+  std::vector<int8_t> out(size_t(l.total_bytes()));
+  formats::GroupedSlice sl{&m, K, 0, 0, "expert 1 down"};
+  try {
+    formats::pack_qgroup_strips(l, spec, &sl, 0, out.data());
+    FAIL() << "expected an exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("expert 1 down: row 2 super block 1: the scales"),
+              std::string::npos)
+        << e.what();
+  }
+  spec.super_group = 40;  // not a multiple of the group
+  EXPECT_THROW(formats::check_grouped_spec(spec, "q"), std::invalid_argument);
+  spec.super_group = 48;  // K = 64 is not whole super blocks
+  EXPECT_THROW(formats::qgroup_layout(N, K, 8, kStripVecs, 1, spec), std::invalid_argument);
+}
+
 // The executor end to end: MoELayer with grouped experts (shards, bytes/nibbles, bias) against its
 // reference-twin forward (bitwise) and a float64 MoE with the same int8 activation quantization.
 TEST(QGroup, MoELayerMatchesTwinAndMath) {
   const int64_t E = 4, K = 2, H = 64, I = 96;
   ThreadPool pool(2, 1);
   // 0: bytes; 1: IQ4-like tables with a bias; 2: Q4_0 gate/up, Q4_K-style down with a bias
-  // (the offset-code kernels at avx2: c0 = 8 and 0)
-  for (int variant = 0; variant < 3; ++variant) {
+  // (the offset-code kernels at avx2: c0 = 8 and 0); 3: Q4_K-style gate/up and Q6_K-style down
+  // with two-level scales (super blocks of 2 groups; d * integer sub-scales)
+  for (int variant = 0; variant < 4; ++variant) {
     formats::GroupedSpec gu, dn;
     gu.group = 32;
     dn.group = 16;
-    gu.bias = variant == 1;
-    dn.bias = variant >= 1;
+    gu.bias = variant == 1 || variant == 3;
+    dn.bias = variant == 1 || variant == 2;
     if (variant >= 1) {
-      gu.code_bits = dn.code_bits = 4;
-      std::memcpy(gu.lut, kLuts[variant == 1 ? 2 : 0], 16);
+      gu.code_bits = 4;
+      std::memcpy(gu.lut, kLuts[variant == 1 ? 2 : variant == 2 ? 0 : 1], 16);
+    }
+    if (variant == 1 || variant == 2) {
+      dn.code_bits = 4;
       std::memcpy(dn.lut, kLuts[variant == 1 ? 3 : 1], 16);
+    }
+    if (variant == 3) {
+      gu.super_group = 64;
+      dn.super_group = 32;
+      dn.code_lo = -32;
+      dn.code_hi = 31;
     }
     std::mt19937 rng(11 + variant);
     std::uniform_int_distribution<int> code(-128, 127), nib(0, 15);
@@ -425,12 +539,23 @@ TEST(QGroup, MoELayerMatchesTwinAndMath) {
     auto make = [&](int64_t n, int64_t k, const formats::GroupedSpec& sp) {
       Mat m;
       m.c.resize(size_t(n * k));
-      for (auto& v : m.c) v = sp.code_bits == 4 ? sp.lut[nib(rng)] : int8_t(code(rng));
+      for (auto& v : m.c)
+        v = sp.code_bits == 4 ? sp.lut[nib(rng)]
+                              : int8_t(std::clamp(code(rng), sp.code_lo, sp.code_hi));
       m.s.resize(size_t(n * k / sp.group));
       for (auto& v : m.s) v = sd(rng) * (sp.code_bits == 4 ? 8.0f : 1.0f);
       if (sp.bias) {
         m.b.resize(m.s.size());
         for (auto& v : m.b) v = bd(rng);
+      }
+      if (sp.super_group) {  // d per (row, super block) times integer sub-scales, as K-quants
+        const size_t per = size_t(sp.super_group / sp.group);
+        std::uniform_int_distribution<int> sub(0, 63);
+        for (auto* vs : {&m.s, &m.b})
+          for (size_t i = 0; i < vs->size(); i += per) {
+            const float d = fp16_like((*vs)[i] / 32.0f);
+            for (size_t j = i; j < i + per; ++j) (*vs)[j] = d * float(sub(rng));
+          }
       }
       for (int64_t r = 0; r < n; ++r)
         for (int64_t c = 0; c < k; ++c) {
@@ -452,6 +577,18 @@ TEST(QGroup, MoELayerMatchesTwinAndMath) {
     for (int64_t e = 0; e < E; ++e)
       src.push_back({e, view(mats[size_t(3 * e)], 32), view(mats[size_t(3 * e + 1)], 32),
                      view(mats[size_t(3 * e + 2)], 16)});
+    if (variant == 3) {  // two-level scales keep fewer bytes: int8 subs, fp32 per super block
+      MoELayer one({E, K, H, I}, "LLAMAFILE", IsaLevel::ref, {0, I}, gu, dn);
+      formats::GroupedSpec gu1 = gu, dn1 = dn;
+      gu1.super_group = dn1.super_group = 0;
+      MoELayer fp32({E, K, H, I}, "LLAMAFILE", IsaLevel::ref, {0, I}, gu1, dn1);
+      one.load_experts_grouped(src, pool);
+      fp32.load_experts_grouped(src, pool);
+      // per gate/up row: scale + bias 2 bytes (fp32: 8) per group of 32, + 8 per super block
+      // of 64; per down row: 1 byte (fp32: 4) per 16, + 4 per 32
+      EXPECT_EQ(fp32.packed_bytes() - one.packed_bytes(),
+                size_t(E * (2 * I * (H / 32 * 6 - H / 64 * 8) + H * (I / 16 * 3 - I / 32 * 4))));
+    }
     const std::vector<int64_t> bounds = {0, 32, 96};
     for (IsaLevel isa : {selected_isa(), IsaLevel::ref}) {
       MoELayer layer({E, K, H, I}, "LLAMAFILE", isa, bounds, gu, dn);

@@ -320,18 +320,21 @@ def test_gate_up_common_spec():
         "bias": True,
         "lut": list(range(16)),
         "code_range": [0, 15],
+        "super_group": 256,  # two-level scales: int8 sub-scales x fp32 per block
     }
     assert gguf_loader.gate_up_spec(t["Q4_K"], t["Q6_K"]) == {
         "group": 16,
         "bias": True,
         "lut": [],
         "code_range": [-32, 31],  # bytes spanning both types' codes
+        "super_group": 256,
     }
     assert gguf_loader.gate_up_spec(t["Q4_0"], t["Q3_K"]) == {
         "group": 16,
         "bias": False,
         "lut": list(range(-8, 8)),
         "code_range": [-8, 7],
+        "super_group": 0,  # Q4_0's one scale per 32 has no super block
     }
     assert gguf_loader.gate_up_spec(t["Q2_K"], t["Q4_K"])["lut"] == list(range(16))
     assert gguf_loader.gate_up_spec(t["IQ4_XS"], t["Q4_0"])["lut"] == []
@@ -411,6 +414,9 @@ def test_grouped_calls_reproduce_weights(tmp_path, monkeypatch, types):
     spec = gguf_loader.gate_up_spec(t[types[0]], t[types[1]])
     assert layer.kw["gu_group"] == spec["group"] and layer.kw["gu_lut"] == spec["lut"]
     assert layer.kw["down_group"] == t[types[2]]["group"]
+    assert layer.kw["gu_super_group"] == spec["super_group"]
+    # I = 256 over 2 pools: one K-quant block, so down keeps fp32 group scales to split evenly
+    assert layer.kw["down_super_group"] == 0
     assert layer.kw["shard_bounds"] == [0, I // 2, I]
     for slot in range(E):
         e = int(pmap[slot])
@@ -434,6 +440,18 @@ def test_shards_and_map(ref, tmp_path):
     wr = wrapper_for(path, 1408)
     wr.moe = layer
     check_moe(ref, wr, gate, up, down, 3e-2, pmap=pmap, actq=layer.shard_bounds)
+
+
+@needs_grouped
+def test_two_level_scales_across_pools(ref, tmp_path):
+    """A K-quant down split on whole blocks keeps two-level scales on both pools (I = 512)."""
+    path, gate, up, down = make_model(tmp_path, ("Q4_K", "Q4_K", "Q6_K"), inter=512, seed=8)
+    layer, stats = gguf_loader.load_gguf_layer(str(path), LAYER, E, K, H, 512, None, pools=2)
+    assert layer.shard_bounds == [0, 256, 512]
+    assert stats["layout"].count("int8 scales x fp32 per 256") == 2, stats["layout"]
+    wr = wrapper_for(path, 512)
+    wr.moe = layer
+    check_moe(ref, wr, gate, up, down, 3e-2, actq=layer.shard_bounds)
 
 
 @pytest.mark.parametrize("how", ["first_part", "other_part", "directory"])

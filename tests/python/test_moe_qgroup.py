@@ -237,8 +237,15 @@ def test_bad_inputs():
         _core.MoELayer(E, K, H, I, "LLAMAFILE", gu_group=24, down_group=32)
     with pytest.raises(ValueError, match="hidden size"):
         _core.MoELayer(E, K, 120, I, "LLAMAFILE", gu_group=32, down_group=32)
-    with pytest.raises(ValueError, match="multiples of down_group 32"):
+    with pytest.raises(ValueError, match="multiples of down's group 32"):
         _core.MoELayer(E, K, H, I, "LLAMAFILE", gu_group=32, down_group=32, shard_bounds=[0, 48, I])
+    with pytest.raises(ValueError, match="multiples of down's super block 32"):
+        _core.MoELayer(
+            E, K, H, I, "LLAMAFILE", gu_group=32, down_group=16, down_super_group=32,
+            shard_bounds=[0, 48, I],
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="super_group must be 0 or 1 to 256 times the group"):
+        _core.MoELayer(E, K, H, I, "LLAMAFILE", gu_group=32, down_group=32, gu_super_group=48)
     with pytest.raises(ValueError, match="16 codes"):
         _core.MoELayer(E, K, H, I, "RAWINT4", gu_group=32, down_group=32, gu_lut=[0, 1, 2])
     with pytest.raises(ValueError, match="apply to LLAMAFILE"):

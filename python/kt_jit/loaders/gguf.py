@@ -181,6 +181,10 @@ def _even_bounds(I: int, unit: int, parts: int) -> list[int]:
     return [units * s // parts * unit for s in range(parts)] + [I]
 
 
+def _widest(bounds: list[int]) -> int:
+    return max(b - a for a, b in zip(bounds, bounds[1:]))
+
+
 def gate_up_spec(tg: dict, tu: dict) -> dict:
     """One spec for gate and up (fused in the kernels): the finer group (16 divides 32, scales are
     repeated exactly), a bias if either type has one (zeros for the other), 4-bit codes only when
@@ -194,6 +198,8 @@ def gate_up_spec(tg: dict, tu: dict) -> dict:
         "bias": tg["bias"] or tu["bias"],
         "lut": lut,
         "code_range": [lo, hi],
+        # two-level scales only when both types have them on the same super block
+        "super_group": tg["super_group"] if tg["super_group"] == tu["super_group"] else 0,
     }
 
 
@@ -237,7 +243,8 @@ def load_gguf_layer(
 ):
     """Build and load the native MoELayer for layer ``layer_idx`` of a GGUF checkpoint: slot p
     gets logical expert ``pmap[p]`` (identity when None). Integer types: one shard per pool,
-    split on the down type's group boundaries. Returns (layer, stats)."""
+    split on the down type's block boundaries (256 for K-quants, whose group scales the layer
+    keeps as int8 sub-scales times an fp32 factor per block). Returns (layer, stats)."""
     E, H, I = int(num_experts), int(hidden), int(intermediate)
     t0 = time.perf_counter()
     index = GGUFIndex(weight_path)
@@ -330,8 +337,14 @@ def load_gguf_layer(
             layout = f"float ({common})"
         else:
             gu = gate_up_spec(tg, tu)
-            dn = {k: td[k] for k in ("group", "bias", "lut", "code_range")}
-            bounds = _even_bounds(I, dn["group"], int(pools))
+            dn = {k: td[k] for k in ("group", "bias", "lut", "code_range", "super_group")}
+            bounds = _even_bounds(I, dn["super_group"] or dn["group"], int(pools))
+            fine = _even_bounds(I, dn["group"], int(pools))
+            if _widest(fine) < _widest(bounds):
+                # Pools split down's K (I) on whole super blocks; where that is less even than
+                # on groups (Qwen3's I = 768 over 2 pools: 256 + 512 against 384 + 384), down
+                # keeps fp32 group scales so the pools stay balanced.
+                dn["super_group"], bounds = 0, fine
             layer = _core.MoELayer(
                 E,
                 int(top_k),
@@ -348,6 +361,8 @@ def load_gguf_layer(
                 down_lut=dn["lut"],
                 gu_code_range=gu["code_range"],
                 down_code_range=dn["code_range"],
+                gu_super_group=gu["super_group"],
+                down_super_group=dn["super_group"],
             )
             spec = {"gate": gu, "up": gu, "down": dn}
             # Decoded experts take ~1.3-1.5 bytes per weight: keep a batch under ~512 MB.
@@ -369,12 +384,16 @@ def load_gguf_layer(
                 del dec
                 if bar is not None:
                     bar.update(len(slots))
-            layout = (
-                f"grouped (gate/up G{gu['group']}{'+bias' if gu['bias'] else ''}"
-                f"{' 4-bit' if gu['lut'] else ' 8-bit'}, down G{dn['group']}"
-                f"{'+bias' if dn['bias'] else ''}{' 4-bit' if dn['lut'] else ' 8-bit'}, "
-                f"shards {bounds})"
-            )
+
+            def desc(sp):
+                two = f" int8 scales x fp32 per {sp['super_group']}" if sp["super_group"] else ""
+                return (
+                    f"G{sp['group']}{'+bias' if sp['bias'] else ''}"
+                    f"{' 4-bit' if sp['lut'] else ' 8-bit'}{two}"
+                )
+
+            layout = f"grouped (gate/up {desc(gu)}, down {desc(dn)}, shards {bounds})"
+
         if bar is not None:
             bar.close()
     finally:
