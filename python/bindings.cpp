@@ -97,7 +97,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("grouped_shard_bounds", &MoELayer::grouped_shard_bounds, py::arg("intermediate"),
         py::arg("down_group"), py::arg("shards"),
         "Even shard bounds [0, ..., I] of a grouped (LLAMAFILE/RAWINT4/GPTQ_INT4) layer on "
-        "multiples of down_group.");
+        "multiples of down_group (pass down's super block for two-level scales).");
   m.def(
       "isa", [] { return std::string(isa_name(selected_isa())); },
       "The selected ISA level (detected, capped by KT_JIT_ISA).");
