@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "jit/bits.hpp"
+
 namespace ktjit::formats {
 
 void check_grouped_spec(const GroupedSpec& spec, const std::string& what) {
@@ -21,6 +23,10 @@ void check_grouped_spec(const GroupedSpec& spec, const std::string& what) {
     throw std::invalid_argument(what + ": super_group must be 0 or 1 to 256 times the group " +
                                 std::to_string(spec.group) + ", got " +
                                 std::to_string(spec.super_group));
+  if (spec.super_group && spec.scale_dtype != FloatType::f32)
+    throw std::invalid_argument(what +
+                                ": two-level scales (super_group) keep fp32 factors; scale_dtype "
+                                "must be f32 with them");
   if (spec.code_lo < -128 || spec.code_hi > 127 || spec.code_lo > spec.code_hi)
     throw std::invalid_argument(what + ": code range must lie in [-128, 127] with lo <= hi, got [" +
                                 std::to_string(spec.code_lo) + ", " + std::to_string(spec.code_hi) +
@@ -38,7 +44,7 @@ StripLayout qgroup_layout(int64_t n, int64_t k, int lanes, int strip_vecs, int s
   StripLayout l =
       StripLayout::make(n, k, lanes, strip_vecs, sources, spec.code_bits, 4, spec.group / 4);
   const int per = spec.bias ? 2 : 1;  // scale (and bias) per column
-  l.group_extra = spec.super_group ? per : 4 * per;
+  l.group_extra = (spec.super_group ? 1 : spec.scale_dtype == FloatType::f32 ? 4 : 2) * per;
   if (spec.super_group) {
     l.super_groups = spec.super_group / spec.group;
     l.super_extra = 4 * per;
@@ -182,11 +188,23 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
             gb[(st / 2) * cols * 4 + j * 4 + q] |= uint8_t(idx << (st % 2 ? 4 : 0));
           }
         if (l.super_groups) continue;  // two-level: each super block's factors below
-        const float sc = x.m->scales[r * gld + g0 + g];
-        std::memcpy(gb + code_bytes + j * 4, &sc, 4);
-        if (spec.bias) {
-          const float bi = x.m->biases ? x.m->biases[r * gld + g0 + g] : 0.0f;
-          std::memcpy(gb + code_bytes + (cols + j) * 4, &bi, 4);
+        for (int t = 0; t < (spec.bias ? 2 : 1); ++t) {
+          const float* v = t ? x.m->biases : x.m->scales;  // null biases: zeros
+          const float f = v ? v[r * gld + g0 + g] : 0.0f;
+          if (spec.scale_dtype == FloatType::f32) {
+            std::memcpy(gb + code_bytes + (t * cols + j) * 4, &f, 4);
+            continue;
+          }
+          const bool f16 = spec.scale_dtype == FloatType::f16;
+          const uint16_t h = f16 ? f32_to_f16(f) : uint16_t(f32_to_bits(f) >> 16);
+          const float back = f16 ? f16_to_f32(h) : bf16_to_f32(h);
+          if (f32_to_bits(back) != f32_to_bits(f) || f != f)
+            throw std::invalid_argument(
+                x.name + ": row " + std::to_string(r) + " group " + std::to_string(x.k0 / G + g) +
+                ": " + (t ? "bias " : "scale ") + std::to_string(f) + " is not exactly a" +
+                (f16 ? "n f16" : " bf16") + " value (the layer keeps " + (f16 ? "f16" : "bf16") +
+                " scales)");
+          std::memcpy(gb + code_bytes + (t * cols + j) * 2, &h, 2);
         }
       }
       for (int64_t b = 0; l.super_groups && b < groups / sg; ++b)
@@ -231,6 +249,11 @@ void unpack_qgroup_row(const StripLayout& l, const GroupedSpec& spec, const uint
   // group g's scale (t = 0) or bias (t = 1): fp32, or int8 sub * the super block's fp32 factor
   auto factor = [&](const uint8_t* sb, const uint8_t* gb, int t) {
     float f;
+    if (spec.scale_dtype != FloatType::f32) {
+      uint16_t h;
+      std::memcpy(&h, gb + code_bytes + (t * cols + col) * 2, 2);
+      return spec.scale_dtype == FloatType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+    }
     if (!l.super_groups) {
       std::memcpy(&f, gb + code_bytes + (t * cols + col) * 4, 4);
       return f;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/convert.hpp"
 #include "formats/int8.hpp"
 
 namespace ktjit::formats {
@@ -43,6 +44,11 @@ struct GroupedSpec {
   // fp32 scale, so the results do not change; Q4_K streams 0.59 bytes a weight instead of 0.75.
   // K of every matrix (and shard of down) must then be whole super blocks.
   int64_t super_group = 0;
+  // One-level scales (and biases) stored as fp16 or bf16 instead of fp32 (not with super_group):
+  // exact for scales that came from such a checkpoint (GGUF's legacy types' f16 d and m, RAWINT4's
+  // bf16, GPTQ's f16); the packer refuses a value the type does not hold exactly. Half the bytes
+  // of fp32 scales, the same result bits (the kernels widen exactly).
+  FloatType scale_dtype = FloatType::f32;
 };
 
 // K elements of a matrix's smallest whole unit: the super block, or the group.
@@ -65,7 +71,7 @@ bool factor_int8(const float* x, int n, float* factor, int8_t* q);
 
 // Throws std::invalid_argument (naming `what`) unless group is a positive multiple of 16,
 // code_bits is 8 or 4, code_lo <= code_hi lie in [-128, 127] and super_group is 0 or a positive
-// multiple of group.
+// multiple of group, and scale_dtype is f32 with a super_group.
 void check_grouped_spec(const GroupedSpec& spec, const std::string& what);
 
 // The strip layout of a matrix [n, k] (k a multiple of spec.group) in `sources` sources (2: fused

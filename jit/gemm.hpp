@@ -253,7 +253,7 @@ inline bool qgroup_flip_codes(IsaLevel isa) {
 }
 // qgroup kOffsetCodes keys (kQGroupOffset): the offset c0 the table carries (0 or a power of two).
 inline int qgroup_code_offset(const KernelKey& key) {
-  const int s = key.variant >> 4;
+  const int s = (key.variant >> 4) & 0xf;
   return (key.variant & kQGroupOffset) && s ? 1 << (s - 1) : 0;
 }
 // The variant bits of offset codes with offset c0 (0 or a power of two up to 128).

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "formats/convert.hpp"
 #include "formats/mx.hpp"
 #include "jit/amx_model.hpp"
 #include "jit/bits.hpp"
@@ -178,9 +179,15 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   const int32_t c0 = qgroup_code_offset(key);
   // two-level scales (kQGroupSuper): per super block of g_per_super groups a header of fp32
   // factors (scale, then bias, per column), each group's codes followed by int8 subs
+  // 16-bit scales (kQGroupF16 / kQGroupBf16): per group fp16 / bf16 instead of fp32
   const bool super = key.variant & kQGroupSuper;
+  const int half = key.variant & kQGroupF16 ? 1 : key.variant & kQGroupBf16 ? 2 : 0;
   const int64_t code_bytes = args.g_steps * cols * 4 / (nib ? 2 : 1);
-  const int64_t group_bytes = code_bytes + int64_t(cols) * (super ? 1 : 4) * (bias ? 2 : 1);
+  const int64_t group_bytes = code_bytes + int64_t(cols) *
+                                               (super  ? 1
+                                                : half ? 2
+                                                       : 4) *
+                                               (bias ? 2 : 1);
   const int64_t header_bytes = super ? int64_t(cols) * 4 * (bias ? 2 : 1) : 0;
   const int64_t gps = super ? args.g_per_super : args.g_per_strip;
   const int64_t strip_bytes = (group_bytes * gps + header_bytes) * (args.g_per_strip / gps);
@@ -189,6 +196,11 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
     const int8_t* gw = w + (g / gps) * (group_bytes * gps + header_bytes) + header_bytes +
                        (g % gps) * group_bytes + code_bytes;
     float f;
+    if (half) {
+      uint16_t h;
+      std::memcpy(&h, gw + (b * cols + n) * 2, 2);
+      return half == 1 ? formats::f16_to_f32(h) : formats::bf16_to_f32(h);
+    }
     if (!super) {
       std::memcpy(&f, gw + (b * cols + n) * 4, 4);
       return f;

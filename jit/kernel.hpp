@@ -57,6 +57,12 @@ constexpr uint8_t kQGroupOffset = 4;
 // exact fp32 scale a one-level layout would hold, so results are the same bits in fewer bytes
 // (formats/grouped.hpp GroupedSpec::super_group). The value kStripScratch has elsewhere.
 constexpr uint8_t kQGroupSuper = 8;
+// 16-bit one-level scales: each group's scale (and bias) stored as fp16 (kQGroupF16) or bf16
+// (kQGroupBf16) and widened exactly in the kernel (vcvtph2ps; vpmovzxwd + vpslld 16): the legacy
+// GGUF types' f16 d and m, RAWINT4's bf16 and GPTQ's f16 scales, at 2 bytes instead of 4, for the
+// same bits (GroupedSpec::scale_dtype). Not with kQGroupSuper.
+constexpr uint16_t kQGroupF16 = 0x100;
+constexpr uint16_t kQGroupBf16 = 0x200;
 
 // KernelKey::variant bit of kernels at avx512_bf16 that take bf16 activation pairs and multiply
 // with vdpbf16ps: WeightFormat::bf16 prefill over the strip re-laid as k pairs (jit/gemm.hpp
@@ -82,7 +88,7 @@ struct KernelKey {
   uint8_t m_r = 1;    // rows of the register tile
   uint8_t n_vec = 1;  // vectors of columns in a strip
   Epilogue epilogue = Epilogue::store;
-  uint8_t variant = 0;  // family-specific (peak loops: which instruction)
+  uint16_t variant = 0;  // family-specific (peak loops: which instruction)
 
   bool operator==(const KernelKey& o) const {
     return kind == o.kind && isa == o.isa && format == o.format && m_r == o.m_r &&

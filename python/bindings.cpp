@@ -148,7 +148,8 @@ PYBIND11_MODULE(_core, m) {
                        bool gu_bias, bool down_bias, const std::vector<int>& gu_lut,
                        const std::vector<int>& down_lut, const std::vector<int>& gu_code_range,
                        const std::vector<int>& down_code_range, int64_t gu_super_group,
-                       int64_t down_super_group) {
+                       int64_t down_super_group, const std::string& gu_scale_dtype,
+                       const std::string& down_scale_dtype) {
              auto l = std::make_unique<PyMoELayer>();
              const MoEShape shape{E, K, H, I};
              if (shards <= 0)  // one shard per worker pool (pool s % pools runs shard s)
@@ -156,7 +157,8 @@ PYBIND11_MODULE(_core, m) {
              const bool grouped = method_format(method) == WeightFormat::qgroup;
              if (grouped || gu_group || down_group || gu_bias || down_bias || !gu_lut.empty() ||
                  !down_lut.empty() || !gu_code_range.empty() || !down_code_range.empty() ||
-                 gu_super_group || down_super_group) {
+                 gu_super_group || down_super_group || !gu_scale_dtype.empty() ||
+                 !down_scale_dtype.empty()) {
                if (!grouped)
                  throw std::invalid_argument(
                      "gu_group / down_group / *_bias / *_lut apply to LLAMAFILE, RAWINT4 and "
@@ -170,10 +172,19 @@ PYBIND11_MODULE(_core, m) {
                                              std::to_string(down_group));
                auto spec = [](int64_t group, bool bias, const std::vector<int>& lut,
                               const std::vector<int>& range, int64_t super_group,
-                              const char* what) {
+                              const std::string& scale_dtype, const char* what) {
                  formats::GroupedSpec sp;
                  sp.group = group;
                  sp.super_group = super_group;  // checked by check_grouped_spec
+                 if (scale_dtype == "f16")
+                   sp.scale_dtype = formats::FloatType::f16;
+                 else if (scale_dtype == "bf16")
+                   sp.scale_dtype = formats::FloatType::bf16;
+                 else if (!scale_dtype.empty() && scale_dtype != "f32")
+                   throw std::invalid_argument(std::string(what) +
+                                               "_scale_dtype: expected 'f32', 'f16' or 'bf16', "
+                                               "got '" +
+                                               scale_dtype + "'");
                  sp.bias = bias;
                  sp.code_bits = lut.empty() ? 8 : 4;
                  if (!range.empty()) {  // byte codes' range (checked by check_grouped_spec)
@@ -199,10 +210,11 @@ PYBIND11_MODULE(_core, m) {
                  }
                  return sp;
                };
-               const formats::GroupedSpec gu =
-                   spec(gu_group, gu_bias, gu_lut, gu_code_range, gu_super_group, "gu");
+               const formats::GroupedSpec gu = spec(gu_group, gu_bias, gu_lut, gu_code_range,
+                                                    gu_super_group, gu_scale_dtype, "gu");
                const formats::GroupedSpec dn =
-                   spec(down_group, down_bias, down_lut, down_code_range, down_super_group, "down");
+                   spec(down_group, down_bias, down_lut, down_code_range, down_super_group,
+                        down_scale_dtype, "down");
                const int64_t unit = down_super_group > 0 ? down_super_group : down_group;
                std::vector<int64_t> bounds = shard_bounds;
                if (bounds.empty() && I > 0 && I % unit == 0)
@@ -226,11 +238,14 @@ PYBIND11_MODULE(_core, m) {
            py::arg("gu_lut") = std::vector<int>{}, py::arg("down_lut") = std::vector<int>{},
            py::arg("gu_code_range") = std::vector<int>{},
            py::arg("down_code_range") = std::vector<int>{}, py::arg("gu_super_group") = 0,
-           py::arg("down_super_group") = 0,
+           py::arg("down_super_group") = 0, py::arg("gu_scale_dtype") = "",
+           py::arg("down_scale_dtype") = "",
            "shard_bounds: [0, b1, ..., I] splits I into shards (e.g. a checkpoint's NUMA parts); "
            "*_super_group: K elements per super block of two-level scales (GGUF K-quants: 256; "
            "each group's scale is then kept as an int8 sub-scale times an fp32 factor per super "
-           "block, exactly; 0: fp32 scales); "
+           "block, exactly; 0: fp32 scales); *_scale_dtype: 'f16' or 'bf16' keeps one-level "
+           "scales (and biases) in that type, exactly (values it does not hold are refused at "
+           "load), '' or 'f32' as fp32; "
            "*_code_range: [lo, hi] of byte codes (default the whole byte; a narrow range lets "
            "avx2 take offset-code kernels, codes outside it are refused at load); "
            "otherwise `shards` even parts on the format's block boundaries (0: one per worker "

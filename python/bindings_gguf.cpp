@@ -58,6 +58,8 @@ py::dict info_dict(const gg::TypeInfo& t) {
   d["lut"] = lut;  // [] when codes need bytes
   d["code_range"] = std::vector<int>{t.code_lo, t.code_hi};
   d["super_group"] = gg::super_group(t);  // two-level scales: the block (K-quants, IQ4_XS) or 0
+  // the legacy integer types' d (and m) are f16: the layer keeps them so, exactly
+  d["scale_dtype"] = !t.is_float && !gg::super_group(t) ? "f16" : "";
   return d;
 }
 

@@ -289,7 +289,7 @@ const char* built_methods() {
 }
 
 GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs,
-                                   uint8_t variant, bool k_pairs) {
+                                   uint16_t variant, bool k_pairs) {
   // amx: AMX-INT8 (int8) and AMX-BF16 (bf16, fp8, mxfp4, mxfp8) prefill tiles for experts with
   // >= 16 rows (docs/ARCHITECTURE.md "AMX"); decode, short experts, remainders and the other
   // formats run the avx512_bf16 kernels. avx512_bf16 (native): bf16 experts with >=
@@ -351,7 +351,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant =
-        uint8_t(variant | kStripScratch);  // + SwiGLU bits
+        uint16_t(variant | kStripScratch);  // + SwiGLU bits
   } else if (isa == IsaLevel::neon_bf16 && fmt == WeightFormat::bf16) {
     // bfdot pair kernels (jit/aarch64/gemm_a64.cpp): 6-row blocks reading the k-pair strips in
     // place, from kNeonBf16PairMinRows rows (see there).
@@ -404,9 +404,12 @@ void MoELayer::build_kernels() {
   for (Shard& sh : shards_) {
     auto qg_variant = [&](const formats::GroupedSpec& g) {
       const int c0 = qgroup_offset(isa_, g);
-      return uint8_t((g.code_bits == 4 ? kQGroupNibbles : 0) | (g.bias ? kQGroupBias : 0) |
-                     (g.super_group ? kQGroupSuper : 0) |
-                     (c0 >= 0 ? qgroup_offset_variant(c0) : 0));
+      return uint16_t((g.code_bits == 4 ? kQGroupNibbles : 0) | (g.bias ? kQGroupBias : 0) |
+                      (g.super_group ? kQGroupSuper : 0) |
+                      (g.scale_dtype == formats::FloatType::f16    ? kQGroupF16
+                       : g.scale_dtype == formats::FloatType::bf16 ? kQGroupBf16
+                                                                   : 0) |
+                      (c0 >= 0 ? qgroup_offset_variant(c0) : 0));
     };
     const bool qg = format_ == WeightFormat::qgroup;
     auto k_pairs = [](const formats::StripLayout& l) { return l.k % 2 == 0 && l.g_steps % 2 == 0; };

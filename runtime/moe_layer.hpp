@@ -81,7 +81,7 @@ const char* built_methods();
 // `k_pairs`: K and the scale group split into k pairs (both even), which fp8 decode at
 // avx512_bf16 needs for its kBf16Pairs kernels of 1-4 rows (jit/gemm.hpp fp8_pair_kernel).
 GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs,
-                                   uint8_t variant = 0, bool k_pairs = false);
+                                   uint16_t variant = 0, bool k_pairs = false);
 std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa);
 
 // A slice [i_begin, i_end) of the intermediate dimension of every expert (the unit a NUMA pool

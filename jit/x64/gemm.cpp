@@ -44,6 +44,10 @@ class GemmGenerator : public JitGenerator {
         qgb_(qg_ && (key.variant & kQGroupBias)),
         qgo_(qg_ && (key.variant & kQGroupOffset)),
         qgs_(qg_ && (key.variant & kQGroupSuper)),
+        qgh_(!qg_                        ? 0
+             : key.variant & kQGroupF16  ? 1
+             : key.variant & kQGroupBf16 ? 2
+                                         : 0),
         qc0_(qgroup_code_offset(key)),
         gsum_(qg_ && qgroup_needs_gsum(key)),
         nib_(int4_ || qg4_),
@@ -80,9 +84,10 @@ class GemmGenerator : public JitGenerator {
       throw std::invalid_argument(
           "gemm: fp8 pair kernels (vdpbf16ps) are at avx512_bf16, decode ones of <= 4 rows: " +
           key.describe());
-    if (qg_ &&
-        ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper | 0xf0)) ||
-         ((key.variant & 0xf0) && !qgo_)))
+    if (qg_ && ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper |
+                                 0xf0 | kQGroupF16 | kQGroupBf16)) ||
+                ((key.variant & 0xf0) && !qgo_) ||
+                __builtin_popcount(key.variant & (kQGroupSuper | kQGroupF16 | kQGroupBf16)) > 1))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
     if (qgo_ && (vnni_ || qc0_ > 128))
       throw std::invalid_argument(
@@ -142,7 +147,9 @@ class GemmGenerator : public JitGenerator {
   }
   // qgroup: bytes after each group's codes (fp32 scales, then fp32 biases, one per column; with
   // two-level scales int8 sub-scales and sub-biases), and of a super block's header (fp32 factors).
-  int qg_extra_bytes() const { return strip_cols() * (qgs_ ? 1 : 4) * (qgb_ ? 2 : 1); }
+  int qg_extra_bytes() const { return strip_cols() * qg_elem_bytes() * (qgb_ ? 2 : 1); }
+  // bytes of one group scale (or bias) per column: int8 sub-scale, fp16 / bf16 or fp32
+  int qg_elem_bytes() const { return qgs_ ? 1 : qgh_ ? 2 : 4; }
   int qg_header_bytes() const { return strip_cols() * 4 * (qgb_ ? 2 : 1); }
   // Bytes of one strip into `r` (the next strip starts there).
   void strip_bytes_to(const Reg64& r) {
@@ -512,9 +519,27 @@ class GemmGenerator : public JitGenerator {
       for (int v = 0; v < nv_; ++v) {
         if (shift >= 0) vpsubd(qacc(m, v), qacc(m, v), gc);
         vcvtdq2ps(qacc(m, v), qacc(m, v));
-        if (!qgs_) {
+        if (!qgs_ && !qgh_) {
           vfmadd231ps(acc(m, v), qacc(m, v), vmem(reg_w + v * vec_bytes()));
           if (qgb_) vfmadd231ps(acc(m, v), gs, vmem(reg_w + (nv_ + v) * vec_bytes()));
+          continue;
+        }
+        if (qgh_) {  // 16-bit scales, widened exactly, then the same fma
+          const Xmm t = qw(1);
+          for (int b = 0; b < (qgb_ ? 2 : 1); ++b) {
+            const RegExp h = reg_w + (b * strip_cols() + v * lanes_) * 2;
+            const Address half = zmm_isa() ? Address(yword[h]) : Address(xword[h]);
+            if (qgh_ == 1) {
+              vcvtph2ps(t, half);
+            } else {
+              vpmovzxwd(t, half);
+              vpslld(t, t, 16);
+            }
+            if (b == 0)
+              vfmadd231ps(acc(m, v), qacc(m, v), t);
+            else
+              vfmadd231ps(acc(m, v), gs, t);
+          }
           continue;
         }
         // two-level: scale = float(sub) * factor (exact, the one-level fp32 scale), then the
@@ -1540,6 +1565,7 @@ class GemmGenerator : public JitGenerator {
   const int lanes_, nv_, mr_;
   const bool vnni_, int4_, bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;
   const bool qg_, qg4_, qgb_, qgo_, qgs_;
+  const int qgh_;  // 16-bit scales: 1 fp16, 2 bf16
   const int qc0_;  // offset codes: c0
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;

@@ -104,10 +104,11 @@ WEIGHT_NAME.update(
 )
 #: GGUF block types as kt-jit stores them (formats/grouped.hpp): 4-bit codes through a table or
 #: bytes, the scale group, an offset term, the super block of two-level scales (K-quants and
-#: IQ4_XS: group scales are d * an integer, kept as int8 times an fp32 factor per 256). Random
-#: codes in each type's range; scales of that form.
+#: IQ4_XS: group scales are d * an integer, kept as int8 times an fp32 factor per 256), the 16-bit
+#: type of one-level scales (legacy types: f16 d). Random codes in each type's range; scales of
+#: that form.
 GGUF_TYPES = {
-    "Q4_0": {"lut": [i - 8 for i in range(16)], "group": 32, "bias": False},
+    "Q4_0": {"lut": [i - 8 for i in range(16)], "group": 32, "bias": False, "half": "f16"},
     "Q4_K": {"lut": list(range(16)), "group": 32, "bias": True, "super": 256},
     "IQ4_XS": {
         "lut": [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
@@ -117,10 +118,11 @@ GGUF_TYPES = {
     },
     "Q5_K": {"lut": None, "range": (0, 32), "group": 32, "bias": True, "super": 256},
     "Q6_K": {"lut": None, "range": (-32, 32), "group": 16, "bias": False, "super": 256},
-    "Q8_0": {"lut": None, "range": (-128, 128), "group": 32, "bias": False},
+    "Q8_0": {"lut": None, "range": (-128, 128), "group": 32, "bias": False, "half": "f16"},
 }
 GGUF_MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}  # gate/up type, down type
 INT4_GROUP = {"RAWINT4": 32, "GPTQ_INT4": 128}
+INT4_SCALE = {"RAWINT4": "bf16", "GPTQ_INT4": "f16"}  # the checkpoints' scale dtypes
 QGROUP_METHODS = ("LLAMAFILE", "RAWINT4", "GPTQ_INT4")
 MX_METHODS = ("MXFP4", "MXFP8")
 
@@ -128,7 +130,12 @@ MX_METHODS = ("MXFP4", "MXFP8")
 def _qgroup_specs(method: str, gguf_type: str):
     """(gate/up spec, down spec) for a qgroup layer; each a GGUF_TYPES-style dict."""
     if method != "LLAMAFILE":
-        t = {"lut": [i - 8 for i in range(16)], "group": INT4_GROUP[method], "bias": False}
+        t = {
+            "lut": [i - 8 for i in range(16)],
+            "group": INT4_GROUP[method],
+            "bias": False,
+            "half": INT4_SCALE[method],
+        }
         return t, t
     gu, dn = GGUF_MIXES.get(gguf_type, (gguf_type, gguf_type))
     return GGUF_TYPES[gu], GGUF_TYPES[dn]
@@ -144,6 +151,7 @@ def _make_layer(_core, method, E, K, H, I, isa, gguf_type):
             down_bias=dn["bias"], gu_lut=gu["lut"] or [], down_lut=dn["lut"] or [],
             gu_code_range=rng(gu), down_code_range=rng(dn),
             gu_super_group=gu.get("super", 0), down_super_group=dn.get("super", 0),
+            gu_scale_dtype=gu.get("half", ""), down_scale_dtype=dn.get("half", ""),
         )  # fmt: skip
     if method in MX_METHODS:
         return _core.MoELayer(E, K, H, I, method, isa, swiglu_limit=7.0)
@@ -177,6 +185,10 @@ def _random_sources(torch, method, E, H, I, gen, gguf_type):
             else:
                 sc = torch.rand(E, n, g, generator=gen) * 1e-3
                 bs = torch.randn(E, n, g, generator=gen) * 1e-3 if spec["bias"] else None
+                if spec.get("half"):  # values the checkpoint's 16-bit type holds
+                    dt = torch.float16 if spec["half"] == "f16" else torch.bfloat16
+                    sc = sc.to(dt).float()
+                    bs = None if bs is None else bs.to(dt).float()
             out.append((codes, sc, bs))
         return out
     if method in MX_METHODS:

@@ -11,8 +11,10 @@
 #include <tuple>
 #include <utility>
 
+#include "formats/convert.hpp"
 #include "formats/grouped.hpp"
 #include "formats/int8.hpp"
+#include "jit/bits.hpp"
 #include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
 #include "kernel_exec.hpp"
@@ -43,6 +45,8 @@ struct Problem {
   // Two-level scales (kQGroupSuper): groups per super block (0: fp32 scales). Scales (biases) are
   // then an fp16 value per (row, super block) times integer sub-scales, as GGUF's K-quants.
   int64_t super = 0;
+  // 16-bit one-level scales (kQGroupF16 / kQGroupBf16): 1 fp16, 2 bf16; values of that type.
+  int half = 0;
   int lut() const { return int(seed % 4); }
   std::pair<int, int> byte_range() const {
     if (!offset) return {-128, 127};
@@ -56,6 +60,9 @@ struct Problem {
     if (nib) std::memcpy(sp.lut, kLuts[lut()], 16);
     std::tie(sp.code_lo, sp.code_hi) = byte_range();
     sp.super_group = super * G;
+    sp.scale_dtype = half == 1   ? formats::FloatType::f16
+                     : half == 2 ? formats::FloatType::bf16
+                                 : formats::FloatType::f32;
     return sp;
   }
   // c0 of the offset codes (formats::qgroup_code_offset), -1 if the codes allow none
@@ -64,8 +71,8 @@ struct Problem {
     std::ostringstream s;
     s << "repro: KT_JIT_ISA=" << isa_name(isa) << " epi=" << int(epi) << " nib=" << nib
       << " bias=" << bias << " lut=" << (nib ? lut() : -1) << " offset=" << offset << " M=" << M
-      << " N=" << N << " K=" << K << " G=" << G << " super=" << super << " seed=" << seed
-      << " (ktjit_tests --gtest_filter='QGroup.*')";
+      << " N=" << N << " K=" << K << " G=" << G << " super=" << super << " half=" << half
+      << " seed=" << seed << " (ktjit_tests --gtest_filter='QGroup.*')";
     return s.str();
   }
 };
@@ -124,6 +131,12 @@ Packed make_weights(const Problem& p) {
           (*v)[i] = x_d * float(i % 7 == 3 ? 0 : sub(rng));  // zero sub-scales too
         }
     }
+    for (auto* v : {&s.scales, &s.biases})  // 16-bit scales: values of that type
+      for (float& x : *v)
+        if (p.half == 1)
+          x = formats::f16_to_f32(formats::f32_to_f16(x));
+        else if (p.half == 2)
+          x = formats::bf16_to_f32(uint16_t(f32_to_bits(x) >> 16));
     s.m = {s.codes.data(), s.scales.data(), p.bias ? s.biases.data() : nullptr, p.G};
   }
   formats::GroupedSlice sl[2];
@@ -147,6 +160,7 @@ KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
   k.variant = uint8_t((p.nib ? kQGroupNibbles : 0) | (p.bias ? kQGroupBias : 0));
   if (p.offset) k.variant |= qgroup_offset_variant(p.c0());
   if (p.super) k.variant |= kQGroupSuper;
+  if (p.half) k.variant |= p.half == 1 ? kQGroupF16 : kQGroupBf16;
   return k;
 }
 
@@ -317,6 +331,8 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
                 // two-level scales on every other problem: one super block over all of K (5
                 // groups for K = 80 / 160), or a header per group
                 if ((p.seed / 2) % 2) p.super = (p.seed / 8) % 2 ? p.K / p.G : 1;
+                // else fp16 / bf16 / fp32 one-level scales in turn
+                if (!p.super) p.half = int((p.seed / 16) % 3);
                 check_problem(p, &names);
                 if (HasFatalFailure()) return;
                 ++checked;
@@ -328,6 +344,11 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
     EXPECT_GE(test::count_containing(names, "s_" + std::string(isa_tag_of(isa))), 8u)
         << isa_name(isa);
     EXPECT_GE(test::count_containing(names, "bs_" + std::string(isa_tag_of(isa))), 4u)
+        << isa_name(isa);
+    // 16-bit scale kernels ran ("qg8h16_", "qg4bu8hbf_", ...)
+    EXPECT_GE(test::count_containing(names, "h16_" + std::string(isa_tag_of(isa))), 8u)
+        << isa_name(isa);
+    EXPECT_GE(test::count_containing(names, "hbf_" + std::string(isa_tag_of(isa))), 8u)
         << isa_name(isa);
   }
   EXPECT_GT(checked, 0u);
@@ -494,6 +515,25 @@ TEST(QGroup, TwoLevelScalesFactorExactly) {
               std::string::npos)
         << e.what();
   }
+  // 16-bit scales: a value the type does not hold is refused, named
+  formats::GroupedSpec h16;
+  h16.group = 16;
+  h16.scale_dtype = formats::FloatType::f16;
+  scales.assign(scales.size(), 0.5f);
+  scales[1 * 4 + 2] = 0.1f;  // row 1, group 2
+  auto lh = formats::qgroup_layout(N, K, 8, kStripVecs, 1, h16);
+  EXPECT_EQ(lh.total_bytes(), 8 * (K + 4 * 2));  // per column: codes, 4 f16 scales
+  std::vector<int8_t> outh(size_t(lh.total_bytes()));
+  try {
+    formats::pack_qgroup_strips(lh, h16, &sl, 0, outh.data());
+    FAIL() << "expected an exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("expert 1 down: row 1 group 2: scale 0.1"),
+              std::string::npos)
+        << e.what();
+  }
+  h16.super_group = 32;  // two-level scales keep fp32 factors
+  EXPECT_THROW(formats::check_grouped_spec(h16, "q"), std::invalid_argument);
   spec.super_group = 40;  // not a multiple of the group
   EXPECT_THROW(formats::check_grouped_spec(spec, "q"), std::invalid_argument);
   spec.super_group = 48;  // K = 64 is not whole super blocks
@@ -507,16 +547,21 @@ TEST(QGroup, MoELayerMatchesTwinAndMath) {
   ThreadPool pool(2, 1);
   // 0: bytes; 1: IQ4-like tables with a bias; 2: Q4_0 gate/up, Q4_K-style down with a bias
   // (the offset-code kernels at avx2: c0 = 8 and 0); 3: Q4_K-style gate/up and Q6_K-style down
-  // with two-level scales (super blocks of 2 groups; d * integer sub-scales)
-  for (int variant = 0; variant < 4; ++variant) {
+  // with two-level scales (super blocks of 2 groups; d * integer sub-scales); 4: Q4_1-style gate/up
+  // with bf16 scales and biases, Q8_0-style down with f16 scales
+  for (int variant = 0; variant < 5; ++variant) {
     formats::GroupedSpec gu, dn;
     gu.group = 32;
     dn.group = 16;
-    gu.bias = variant == 1 || variant == 3;
+    gu.bias = variant == 1 || variant == 3 || variant == 4;
     dn.bias = variant == 1 || variant == 2;
     if (variant >= 1) {
       gu.code_bits = 4;
       std::memcpy(gu.lut, kLuts[variant == 1 ? 2 : variant == 2 ? 0 : 1], 16);
+    }
+    if (variant == 4) {
+      gu.scale_dtype = formats::FloatType::bf16;
+      dn.scale_dtype = formats::FloatType::f16;
     }
     if (variant == 1 || variant == 2) {
       dn.code_bits = 4;
@@ -557,6 +602,12 @@ TEST(QGroup, MoELayerMatchesTwinAndMath) {
             for (size_t j = i; j < i + per; ++j) (*vs)[j] = d * float(sub(rng));
           }
       }
+      for (auto* vs : {&m.s, &m.b})  // 16-bit scales: values of that type
+        for (float& x : *vs)
+          if (sp.scale_dtype == formats::FloatType::f16)
+            x = formats::f16_to_f32(formats::f32_to_f16(x));
+          else if (sp.scale_dtype == formats::FloatType::bf16)
+            x = formats::bf16_to_f32(uint16_t(f32_to_bits(x) >> 16));
       for (int64_t r = 0; r < n; ++r)
         for (int64_t c = 0; c < k; ++c) {
           const size_t g = size_t(r * (k / sp.group) + c / sp.group);

@@ -321,6 +321,7 @@ def test_gate_up_common_spec():
         "lut": list(range(16)),
         "code_range": [0, 15],
         "super_group": 256,  # two-level scales: int8 sub-scales x fp32 per block
+        "scale_dtype": "",
     }
     assert gguf_loader.gate_up_spec(t["Q4_K"], t["Q6_K"]) == {
         "group": 16,
@@ -328,6 +329,7 @@ def test_gate_up_common_spec():
         "lut": [],
         "code_range": [-32, 31],  # bytes spanning both types' codes
         "super_group": 256,
+        "scale_dtype": "",
     }
     assert gguf_loader.gate_up_spec(t["Q4_0"], t["Q3_K"]) == {
         "group": 16,
@@ -335,7 +337,9 @@ def test_gate_up_common_spec():
         "lut": list(range(-8, 8)),
         "code_range": [-8, 7],
         "super_group": 0,  # Q4_0's one scale per 32 has no super block
+        "scale_dtype": "",  # Q3_K's are not f16 values; both Q4_0 and IQ4_NL's would be
     }
+    assert gguf_loader.gate_up_spec(t["Q4_0"], t["IQ4_NL"])["scale_dtype"] == "f16"
     assert gguf_loader.gate_up_spec(t["Q2_K"], t["Q4_K"])["lut"] == list(range(16))
     assert gguf_loader.gate_up_spec(t["IQ4_XS"], t["Q4_0"])["lut"] == []
 

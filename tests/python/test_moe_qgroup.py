@@ -250,6 +250,16 @@ def test_bad_inputs():
         _core.MoELayer(E, K, H, I, "RAWINT4", gu_group=32, down_group=32, gu_lut=[0, 1, 2])
     with pytest.raises(ValueError, match="apply to LLAMAFILE"):
         _core.MoELayer(E, K, H, I, "AMXINT8", gu_group=32, down_group=32)
+    with pytest.raises(ValueError, match="gu_scale_dtype: expected 'f32', 'f16' or 'bf16'"):
+        _core.MoELayer(E, K, H, I, "LLAMAFILE", gu_group=32, down_group=32, gu_scale_dtype="f8")
+    # 16-bit scales: a scale the type does not hold exactly is named (expert, matrix, row, group)
+    experts = make_experts(9, 32, 32, Q4_0, False)
+    layer = _core.MoELayer(
+        E, K, H, I, "LLAMAFILE", gu_group=32, down_group=32, gu_lut=Q4_0, down_lut=Q4_0,
+        gu_scale_dtype="bf16",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"expert 0 gate: row 0 group 0: scale .* bf16 value"):
+        load(layer, experts)
     # A code the 4-bit table lacks names the expert, matrix, row and column.
     experts = make_experts(9, 32, 32, Q4_0, False)
     experts[1][0][0][5, 70] = 9

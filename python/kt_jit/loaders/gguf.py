@@ -200,6 +200,8 @@ def gate_up_spec(tg: dict, tu: dict) -> dict:
         "code_range": [lo, hi],
         # two-level scales only when both types have them on the same super block
         "super_group": tg["super_group"] if tg["super_group"] == tu["super_group"] else 0,
+        # f16 scales (legacy types' d and m) only when both types have them
+        "scale_dtype": tg["scale_dtype"] if tg["scale_dtype"] == tu["scale_dtype"] else "",
     }
 
 
@@ -337,7 +339,10 @@ def load_gguf_layer(
             layout = f"float ({common})"
         else:
             gu = gate_up_spec(tg, tu)
-            dn = {k: td[k] for k in ("group", "bias", "lut", "code_range", "super_group")}
+            dn = {
+                k: td[k]
+                for k in ("group", "bias", "lut", "code_range", "super_group", "scale_dtype")
+            }
             bounds = _even_bounds(I, dn["super_group"] or dn["group"], int(pools))
             fine = _even_bounds(I, dn["group"], int(pools))
             if _widest(fine) < _widest(bounds):
@@ -363,6 +368,8 @@ def load_gguf_layer(
                 down_code_range=dn["code_range"],
                 gu_super_group=gu["super_group"],
                 down_super_group=dn["super_group"],
+                gu_scale_dtype=gu["scale_dtype"],
+                down_scale_dtype=dn["scale_dtype"],
             )
             spec = {"gate": gu, "up": gu, "down": dn}
             # Decoded experts take ~1.3-1.5 bytes per weight: keep a batch under ~512 MB.
@@ -387,6 +394,7 @@ def load_gguf_layer(
 
             def desc(sp):
                 two = f" int8 scales x fp32 per {sp['super_group']}" if sp["super_group"] else ""
+                two += f" {sp['scale_dtype']} scales" if sp["scale_dtype"] else ""
                 return (
                     f"G{sp['group']}{'+bias' if sp['bias'] else ''}"
                     f"{' 4-bit' if sp['lut'] else ' 8-bit'}{two}"

@@ -59,6 +59,8 @@ FAMILIES = (
 #: The tensor that marks a matrix in each method (used to detect the family).
 _MAIN = {"RAWINT4": "weight_packed", "GPTQ_INT4": "qweight"}
 _SCALE_DTYPES = ("BF16", "F16", "F32")
+#: checkpoint scale dtype -> the 16-bit type the layer keeps it in (fp32 scales stay fp32)
+_HALF = {"BF16": "bf16", "F16": "f16"}
 
 
 class _Stems:
@@ -412,6 +414,11 @@ def load_int4_layer(
                 "are not multiples of one another (gate and up share one group in the kernels)"
             )
         bounds = [int(b) for b in _core.grouped_shard_bounds(I, dg, max(1, int(pools)))]
+        # The layer keeps the scales in the checkpoint's 16-bit type when every matrix of the
+        # projection group has it (exact; half the bytes of fp32).
+        sdts = [{r[1] if method == "RAWINT4" else r[0] for e in info for r in info[e][a:b]}
+                for a, b in ((0, 2), (2, 3))]  # fmt: skip
+        gu_sdt, dn_sdt = (_HALF.get(next(iter(s)), "") if len(s) == 1 else "" for s in sdts)
         layer = _core.MoELayer(
             E,
             int(top_k),
@@ -424,6 +431,8 @@ def load_int4_layer(
             down_group=dg,
             gu_lut=LUT,
             down_lut=LUT,
+            gu_scale_dtype=gu_sdt,
+            down_scale_dtype=dn_sdt,
         )
         pgroup = (gu_group, gu_group, dg)
 
