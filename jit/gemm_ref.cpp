@@ -76,9 +76,9 @@ int gemm_max_rows(IsaLevel isa, WeightFormat fmt) {
   if (isa_is_neon(isa)) return isa == IsaLevel::neon && fmt != WeightFormat::bf16 ? 4 : 6;
   // qgroup keeps an int32 group accumulator beside each fp32 accumulator: 3 rows x 4 vectors x 2
   // at VNNI levels (8 registers of scratch), 2 rows at avx512 (sign masks and |code| vectors),
-  // 1 row on AVX2's 16 registers.
+  // 2 rows on AVX2's 16 registers with the fp32 accumulators on the stack.
   if (fmt == WeightFormat::qgroup)
-    return isa == IsaLevel::avx2 ? 1 : int8_activation_offset(isa) ? 3 : 2;
+    return isa == IsaLevel::avx2 ? 2 : int8_activation_offset(isa) ? 3 : 2;
   // mx: AVX2 keeps 2 (mxfp4: index, sign and value temporaries) or 3 (mxfp8: one temporary)
   // rows of 4 accumulators with their row broadcasts; zmm levels 6 (mxfp4's table then comes
   // from memory).

@@ -48,6 +48,7 @@ class GemmGenerator : public JitGenerator {
              : key.variant & kQGroupF16  ? 1
              : key.variant & kQGroupBf16 ? 2
                                          : 0),
+        qgs2_(qg_ && key.isa == IsaLevel::avx2 && key.m_r > 1),
         qc0_(qgroup_code_offset(key)),
         gsum_(qg_ && qgroup_needs_gsum(key)),
         nib_(int4_ || qg4_),
@@ -184,7 +185,7 @@ class GemmGenerator : public JitGenerator {
   const Reg64 reg_sg = rdx;
   // qgroup vector registers: fp32 accumulators are acc(m, v) (the epilogues' inputs), the int32
   // group accumulators follow them; scratch sits at the top of the register file.
-  Xmm qacc(int m, int v) const { return vreg(mr_ * nv_ + m * nv_ + v); }
+  Xmm qacc(int m, int v) const { return qgs2_ ? acc(m, v) : vreg(mr_ * nv_ + m * nv_ + v); }
   //   VNNI (zmm 24..31): 4 code vectors, broadcast, LUT, 0x0F mask, temporary.
   //   avx512 (zmm 16..27): 4 |code| vectors, broadcast, negated broadcast, 2 temporaries, LUT,
   //     0x0F mask, zero, 16-bit ones; code signs in k1..k4.
@@ -223,9 +224,10 @@ class GemmGenerator : public JitGenerator {
 
   // ---- loop nest --------------------------------------------------------------------------
   void generate() {
-    preamble(mx_    ? kMxScaleStack + kStripVecs * 64
-             : fp8_ ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
-                    : 16);
+    preamble(mx_     ? kMxScaleStack + kStripVecs * 64
+             : fp8_  ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
+             : qgs2_ ? kQgAccStack + mr_ * nv_ * 64
+                     : 16);
     load_params();
     Label strip_loop, done;
     mov(reg_tmp, arg(offsetof(GemmArgs, n_strips)));
@@ -338,18 +340,20 @@ class GemmGenerator : public JitGenerator {
       vmovups(Zmm(29), zword[rip + c_e2m1_]);  // e2m1 table
     zero_accumulators();
     k_loop(prefetch_next);
-    if (fp8_stack_acc())
+    if (fp8_stack_acc() || qgs2_)
       for (int m = 0; m < mr_; ++m)
-        for (int v = 0; v < nv_; ++v) vmovups(acc(m, v), vmem(rsp + fp8_acc_slot(m, v)));
+        for (int v = 0; v < nv_; ++v) vmovups(acc(m, v), vmem(rsp + acc_slot(m, v)));
     epilogue();
   }
 
   void zero_accumulators() {
-    if (fp8_stack_acc()) {  // the accumulators wait on the stack; the registers are group sums
+    // fp8 pair / scratch tiles and qgroup 2-row avx2 tiles: the fp32 accumulators wait on the
+    // stack; the registers hold the group sums
+    if (fp8_stack_acc() || qgs2_) {
       const Xmm z = vreg(num_vregs() - 1);
       vpxord_any(z);
       for (int m = 0; m < mr_; ++m)
-        for (int v = 0; v < nv_; ++v) vmovups(vmem(rsp + fp8_acc_slot(m, v)), z);
+        for (int v = 0; v < nv_; ++v) vmovups(vmem(rsp + acc_slot(m, v)), z);
       return;
     }
     for (int m = 0; m < mr_; ++m)
@@ -519,45 +523,42 @@ class GemmGenerator : public JitGenerator {
       for (int v = 0; v < nv_; ++v) {
         if (shift >= 0) vpsubd(qacc(m, v), qacc(m, v), gc);
         vcvtdq2ps(qacc(m, v), qacc(m, v));
+        // the fp32 accumulator: in its register, or (2-row avx2 tiles) loaded from the stack
+        const Xmm fa = qgs2_ ? qw(0) : acc(m, v);
+        if (qgs2_) vmovups(fa, vmem(rsp + acc_slot(m, v)));
         if (!qgs_ && !qgh_) {
-          vfmadd231ps(acc(m, v), qacc(m, v), vmem(reg_w + v * vec_bytes()));
-          if (qgb_) vfmadd231ps(acc(m, v), gs, vmem(reg_w + (nv_ + v) * vec_bytes()));
-          continue;
-        }
-        if (qgh_) {  // 16-bit scales, widened exactly, then the same fma
+          vfmadd231ps(fa, qacc(m, v), vmem(reg_w + v * vec_bytes()));
+          if (qgb_) vfmadd231ps(fa, gs, vmem(reg_w + (nv_ + v) * vec_bytes()));
+        } else {
+          // 16-bit scales widened exactly, or two-level: float(sub) * factor (exact, the
+          // one-level fp32 scale); then the same fma; likewise the bias
           const Xmm t = qw(1);
           for (int b = 0; b < (qgb_ ? 2 : 1); ++b) {
-            const RegExp h = reg_w + (b * strip_cols() + v * lanes_) * 2;
-            const Address half = zmm_isa() ? Address(yword[h]) : Address(xword[h]);
-            if (qgh_ == 1) {
-              vcvtph2ps(t, half);
+            if (qgh_) {
+              const RegExp h = reg_w + (b * strip_cols() + v * lanes_) * 2;
+              const Address half = zmm_isa() ? Address(yword[h]) : Address(xword[h]);
+              if (qgh_ == 1) {
+                vcvtph2ps(t, half);
+              } else {
+                vpmovzxwd(t, half);
+                vpslld(t, t, 16);
+              }
             } else {
-              vpmovzxwd(t, half);
-              vpslld(t, t, 16);
+              const RegExp sub = reg_w + b * strip_cols() + v * lanes_;
+              if (zmm_isa())
+                vpmovsxbd(t, xword[sub]);
+              else
+                vpmovsxbd(t, qword[sub]);
+              vcvtdq2ps(t, t);
+              vmulps(t, t, vmem(reg_sb + (b * nv_ + v) * vec_bytes()));
             }
             if (b == 0)
-              vfmadd231ps(acc(m, v), qacc(m, v), t);
+              vfmadd231ps(fa, qacc(m, v), t);
             else
-              vfmadd231ps(acc(m, v), gs, t);
+              vfmadd231ps(fa, gs, t);
           }
-          continue;
         }
-        // two-level: scale = float(sub) * factor (exact, the one-level fp32 scale), then the
-        // same fma; likewise the bias
-        const Xmm t = qw(1);
-        for (int b = 0; b < (qgb_ ? 2 : 1); ++b) {
-          const RegExp sub = reg_w + b * strip_cols() + v * lanes_;
-          if (zmm_isa())
-            vpmovsxbd(t, xword[sub]);
-          else
-            vpmovsxbd(t, qword[sub]);
-          vcvtdq2ps(t, t);
-          vmulps(t, t, vmem(reg_sb + (b * nv_ + v) * vec_bytes()));
-          if (b == 0)
-            vfmadd231ps(acc(m, v), qacc(m, v), t);
-          else
-            vfmadd231ps(acc(m, v), gs, t);
-        }
+        if (qgs2_) vmovups(vmem(rsp + acc_slot(m, v)), fa);
       }
     }
     advance_w(qg_extra_bytes());
@@ -599,6 +600,27 @@ class GemmGenerator : public JitGenerator {
   }
 
   void microkernel_qgroup(int u) {
+    if (qgs2_) {  // avx2, 2 rows: each code vector decoded once for both rows (ymm 8, 15: the rows'
+      // broadcasts; 12: codes; 13: |codes|; 14: products; 9 ones, 10 table, 11 mask)
+      const Xmm b[2] = {vreg(8), vreg(15)};
+      const Xmm w = vreg(12), wa = vreg(13), t = vreg(14);
+      for (int m = 0; m < mr_; ++m) vpbroadcastd(b[m], dword[a_row(m) + 4 * u]);
+      for (int v = 0; v < nv_; ++v) {
+        qgroup_codes(w, v, u);
+        if (!qgo_) vpabsb(wa, w);
+        for (int m = 0; m < mr_; ++m) {
+          if (qgo_) {  // offset codes: (code + c0) unsigned x signed a
+            vpmaddubsw(t, w, b[m]);
+          } else {  // |code| x a * sign(code)
+            vpsignb(t, b[m], w);
+            vpmaddubsw(t, wa, t);
+          }
+          vpmaddwd(t, t, qones());
+          vpaddd(qacc(m, v), qacc(m, v), t);
+        }
+      }
+      return;
+    }
     if (qgo_) {  // offset codes: acc += (code + c0) * a, the table's entries >= 0 (<= 129)
       const bool pre = zmm_isa();  // zmm: the code vectors decoded once for the tile's rows
       if (pre)
@@ -845,6 +867,12 @@ class GemmGenerator : public JitGenerator {
   // are k pairs already: the bf16 pair kernels read them in place).
   bool scratch_pairs() const { return (fp8p_ && prefill_) || sfma_; }
   int fp8_acc_slot(int m, int v) const { return kFp8AccStack + (m * nv_ + v) * 64; }
+  // qgroup tiles of 2 rows at avx2 (qgs2_): the fp32 accumulators live on the stack and the int32
+  // group sums in the accumulator registers, so 2 rows x 4 vectors fit the 16 ymm registers.
+  static constexpr int kQgAccStack = 16;
+  int acc_slot(int m, int v) const {
+    return qgs2_ ? kQgAccStack + (m * nv_ + v) * 64 : fp8_acc_slot(m, v);
+  }
   // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there), others on the stack
   // (strip-scratch kernels too: the bf16 microkernel's odd-k mask is zmm29).
   bool fp8_scale_regs() const { return zmm_isa() && mr_ <= 4 && !sfma_; }
@@ -1565,8 +1593,9 @@ class GemmGenerator : public JitGenerator {
   const int lanes_, nv_, mr_;
   const bool vnni_, int4_, bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;
   const bool qg_, qg4_, qgb_, qgo_, qgs_;
-  const int qgh_;  // 16-bit scales: 1 fp16, 2 bf16
-  const int qc0_;  // offset codes: c0
+  const int qgh_;    // 16-bit scales: 1 fp16, 2 bf16
+  const bool qgs2_;  // avx2 tiles of 2 rows: fp32 accumulators on the stack (acc_slot)
+  const int qc0_;    // offset codes: c0
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;
   // gacc_: the group accumulators of (row m, vector v), zmm8..15 (free with <= 2 rows); fp8 pair
