@@ -91,6 +91,25 @@ struct Packed {
   int8_t lut[16];
 };
 
+// x as the scale type holds it (f16 rounded to nearest even, bf16 truncated; f32 unchanged).
+float as_scale_type(float x, formats::FloatType t) {
+  if (t == formats::FloatType::f16) return formats::f16_to_f32(formats::f32_to_f16(x));
+  if (t == formats::FloatType::bf16) return formats::bf16_to_f32(uint16_t(f32_to_bits(x) >> 16));
+  return x;
+}
+
+// pack_qgroup_strips must throw std::invalid_argument whose message contains `part`.
+void expect_pack_error(const formats::StripLayout& l, const formats::GroupedSpec& spec,
+                       const formats::GroupedSlice& sl, int offset, const std::string& part) {
+  std::vector<int8_t> out(size_t(l.total_bytes()));
+  try {
+    formats::pack_qgroup_strips(l, spec, &sl, offset, out.data());
+    FAIL() << "expected an exception containing: " << part;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
 // x rounded to 11 significant bits (as an fp16 d; its products with int8 stay exact in fp32).
 float fp16_like(float x) {
   int e;
@@ -132,11 +151,7 @@ Packed make_weights(const Problem& p) {
         }
     }
     for (auto* v : {&s.scales, &s.biases})  // 16-bit scales: values of that type
-      for (float& x : *v)
-        if (p.half == 1)
-          x = formats::f16_to_f32(formats::f32_to_f16(x));
-        else if (p.half == 2)
-          x = formats::bf16_to_f32(uint16_t(f32_to_bits(x) >> 16));
+      for (float& x : *v) x = as_scale_type(x, pk.spec.scale_dtype);
     s.m = {s.codes.data(), s.scales.data(), p.bias ? s.biases.data() : nullptr, p.G};
   }
   formats::GroupedSlice sl[2];
@@ -414,14 +429,7 @@ TEST(QGroup, PackerNamesBadCodesAndGroups) {
   auto l = formats::qgroup_layout(N, K, 16, kStripVecs, 1, spec);
   std::vector<int8_t> out(size_t(l.total_bytes()));
   formats::GroupedSlice sl{&m, K, 0, 0, "expert 4 gate"};
-  try {
-    formats::pack_qgroup_strips(l, spec, &sl, 128, out.data());
-    FAIL() << "expected an exception";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("expert 4 gate: row 2 column 37: code 9"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_pack_error(l, spec, sl, 128, "expert 4 gate: row 2 column 37: code 9");
   m.group = 16;
   EXPECT_THROW(formats::pack_qgroup_strips(l, spec, &sl, 128, out.data()), std::invalid_argument);
   m.group = 32;
@@ -432,16 +440,7 @@ TEST(QGroup, PackerNamesBadCodesAndGroups) {
   q6.code_hi = 31;
   codes[size_t(2 * K + 37)] = 32;
   auto l8 = formats::qgroup_layout(N, K, 16, kStripVecs, 1, q6);
-  std::vector<int8_t> out8(size_t(l8.total_bytes()));
-  try {
-    formats::pack_qgroup_strips(l8, q6, &sl, 32, out8.data());
-    FAIL() << "expected an exception";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(
-        std::string(e.what()).find("row 2 column 37: code 32 is outside the layer's [-32, 31]"),
-        std::string::npos)
-        << e.what();
-  }
+  expect_pack_error(l8, q6, sl, 32, "row 2 column 37: code 32 is outside the layer's [-32, 31]");
   // offsets: the smallest power of two that lifts the codes to >= 0, if they then fit [0, 129]
   EXPECT_EQ(formats::qgroup_code_offset(q6), 32);
   q6.code_lo = 0;
@@ -506,16 +505,8 @@ TEST(QGroup, TwoLevelScalesFactorExactly) {
   formats::GroupedMatrix m{codes.data(), scales.data(), nullptr, 16};
   auto l = formats::qgroup_layout(N, K, 8, kStripVecs, 1, spec);
   EXPECT_EQ(l.total_bytes(), 8 * (K + 4 * 1 + 2 * 4));  // per column: codes, subs, factors
-  std::vector<int8_t> out(size_t(l.total_bytes()));
   formats::GroupedSlice sl{&m, K, 0, 0, "expert 1 down"};
-  try {
-    formats::pack_qgroup_strips(l, spec, &sl, 0, out.data());
-    FAIL() << "expected an exception";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("expert 1 down: row 2 super block 1: the scales"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_pack_error(l, spec, sl, 0, "expert 1 down: row 2 super block 1: the scales");
   // 16-bit scales: a value the type does not hold is refused, named
   formats::GroupedSpec h16;
   h16.group = 16;
@@ -524,15 +515,7 @@ TEST(QGroup, TwoLevelScalesFactorExactly) {
   scales[1 * 4 + 2] = 0.1f;  // row 1, group 2
   auto lh = formats::qgroup_layout(N, K, 8, kStripVecs, 1, h16);
   EXPECT_EQ(lh.total_bytes(), 8 * (K + 4 * 2));  // per column: codes, 4 f16 scales
-  std::vector<int8_t> outh(size_t(lh.total_bytes()));
-  try {
-    formats::pack_qgroup_strips(lh, h16, &sl, 0, outh.data());
-    FAIL() << "expected an exception";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("expert 1 down: row 1 group 2: scale 0.1"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_pack_error(lh, h16, sl, 0, "expert 1 down: row 1 group 2: scale 0.1");
   h16.super_group = 32;  // two-level scales keep fp32 factors
   EXPECT_THROW(formats::check_grouped_spec(h16, "q"), std::invalid_argument);
   spec.super_group = 40;  // not a multiple of the group
@@ -604,11 +587,7 @@ TEST(QGroup, MoELayerMatchesTwinAndMath) {
           }
       }
       for (auto* vs : {&m.s, &m.b})  // 16-bit scales: values of that type
-        for (float& x : *vs)
-          if (sp.scale_dtype == formats::FloatType::f16)
-            x = formats::f16_to_f32(formats::f32_to_f16(x));
-          else if (sp.scale_dtype == formats::FloatType::bf16)
-            x = formats::bf16_to_f32(uint16_t(f32_to_bits(x) >> 16));
+        for (float& x : *vs) x = as_scale_type(x, sp.scale_dtype);
       for (int64_t r = 0; r < n; ++r)
         for (int64_t c = 0; c < k; ++c) {
           const size_t g = size_t(r * (k / sp.group) + c / sp.group);
