@@ -215,7 +215,7 @@ PYBIND11_MODULE(_core, m) {
                const formats::GroupedSpec dn =
                    spec(down_group, down_bias, down_lut, down_code_range, down_super_group,
                         down_scale_dtype, "down");
-               const int64_t unit = down_super_group > 0 ? down_super_group : down_group;
+               const int64_t unit = formats::qgroup_unit(dn);
                std::vector<int64_t> bounds = shard_bounds;
                if (bounds.empty() && I > 0 && I % unit == 0)
                  bounds = MoELayer::grouped_shard_bounds(I, unit, shards);

@@ -181,6 +181,10 @@ def _even_bounds(I: int, unit: int, parts: int) -> list[int]:
     return [units * s // parts * unit for s in range(parts)] + [I]
 
 
+#: The storage keys of a grouped spec; MoELayer takes each as gu_<key> and down_<key>.
+SPEC_KEYS = ("group", "bias", "lut", "code_range", "super_group", "scale_dtype")
+
+
 def _widest(bounds: list[int]) -> int:
     return max(b - a for a, b in zip(bounds, bounds[1:]))
 
@@ -339,10 +343,7 @@ def load_gguf_layer(
             layout = f"float ({common})"
         else:
             gu = gate_up_spec(tg, tu)
-            dn = {
-                k: td[k]
-                for k in ("group", "bias", "lut", "code_range", "super_group", "scale_dtype")
-            }
+            dn = {k: td[k] for k in SPEC_KEYS}
             bounds = _even_bounds(I, dn["super_group"] or dn["group"], int(pools))
             fine = _even_bounds(I, dn["group"], int(pools))
             if _widest(fine) < _widest(bounds):
@@ -358,18 +359,11 @@ def load_gguf_layer(
                 "LLAMAFILE",
                 isa,
                 shard_bounds=bounds,
-                gu_group=gu["group"],
-                down_group=dn["group"],
-                gu_bias=gu["bias"],
-                down_bias=dn["bias"],
-                gu_lut=gu["lut"],
-                down_lut=dn["lut"],
-                gu_code_range=gu["code_range"],
-                down_code_range=dn["code_range"],
-                gu_super_group=gu["super_group"],
-                down_super_group=dn["super_group"],
-                gu_scale_dtype=gu["scale_dtype"],
-                down_scale_dtype=dn["scale_dtype"],
+                **{
+                    f"{side}_{k}": sp[k]
+                    for side, sp in (("gu", gu), ("down", dn))
+                    for k in SPEC_KEYS
+                },
             )
             spec = {"gate": gu, "up": gu, "down": dn}
             # Decoded experts take ~1.3-1.5 bytes per weight: keep a batch under ~512 MB.
