@@ -122,6 +122,23 @@ int qgroup_code_offset(const GroupedSpec& spec) {
   return hi + c0 <= 129 ? c0 : -1;
 }
 
+bool qgroup_int16_sums(const GroupedSpec& spec, int c0) {
+  if (c0 < 0) return false;
+  int hi = spec.code_hi;
+  if (spec.code_bits == 4) {
+    hi = -128;
+    for (int8_t v : spec.lut) hi = std::max(hi, int(v));
+  }
+  return (spec.group / 2) * int64_t(hi + c0) * 127 <= 32767;
+}
+
+bool qgroup_identity_table(const GroupedSpec& spec, int offset) {
+  if (spec.code_bits != 4) return false;
+  for (int i = 0; i < 16; ++i)
+    if (spec.lut[i] + offset != i) return false;
+  return true;
+}
+
 void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const GroupedSlice* src,
                         int offset, int8_t* out) {
   const bool nib = spec.code_bits == 4;

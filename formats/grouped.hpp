@@ -116,6 +116,15 @@ void qgroup_kernel_lut(const GroupedSpec& spec, int offset, int8_t out[16]);
 // the whole byte).
 int qgroup_code_offset(const GroupedSpec& spec);
 
+// Whether offset codes with offset c0 (>= 0) let a whole group accumulate in int16 lanes
+// (jit/kernel.hpp kQGroupI16): each lane sums group / 2 products of a stored code (code + c0, at
+// most the largest) and an activation in [-127, 127], so (group / 2) * max(code + c0) * 127 must
+// stay within 32767. True for Q4_0 / Q4_1 / Q4_K / RAWINT4 G32 (15), Q2_K and Q3_K (G 16).
+bool qgroup_int16_sums(const GroupedSpec& spec, int c0);
+
+// Whether the nibble table plus `offset` is 0, 1, ..., 15 (jit/kernel.hpp kQGroupIdentity).
+bool qgroup_identity_table(const GroupedSpec& spec, int offset);
+
 // Shard bounds [0, ..., I] splitting I into `shards` parts on multiples of `group` (as even as
 // whole groups allow; fewer parts when I has fewer groups).
 std::vector<int64_t> qgroup_shard_bounds(int64_t I, int64_t group, int shards);

@@ -182,6 +182,12 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   // 16-bit scales (kQGroupF16 / kQGroupBf16): per group fp16 / bf16 instead of fp32
   const bool super = key.variant & kQGroupSuper;
   const int half = key.variant & kQGroupF16 ? 1 : key.variant & kQGroupBf16 ? 2 : 0;
+  // int16 group sums (kQGroupI16): per column two int16 lanes (k pairs j = 0,1 and 2,3 of each
+  // step), each step's pair sum saturated to int16 (vpmaddubsw) and added with wrap-around
+  // (vpaddw), the lanes widened and summed once per group
+  const bool words = key.variant & kQGroupI16;
+  // identity table (kQGroupIdentity): the nibble is the stored code, GemmArgs::lut unread
+  const bool ident = key.variant & kQGroupIdentity;
   const int64_t code_bytes = args.g_steps * cols * 4 / (nib ? 2 : 1);
   const int64_t group_bytes = code_bytes + int64_t(cols) *
                                                (super  ? 1
@@ -224,18 +230,29 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
           const int32_t gs =
               args.a_gsum && qgroup_needs_gsum(key) ? args.a_gsum[g * (args.a_gsum_ld / 4) + m] : 0;
           int32_t acc = 0;
+          int16_t lane[2] = {0, 0};
           for (int64_t st = 0; st < args.g_steps; ++st)
-            for (int j = 0; j < 4; ++j) {
-              const int32_t av = a[(g * args.g_steps + st) * 4 + j];
-              uint8_t b;
-              if (nib) {
-                const uint8_t pair = uint8_t(gw[(st / 2) * cols * 4 + n * 4 + j]);
-                b = uint8_t(args.lut[st % 2 ? pair >> 4 : pair & 0x0f]);
-              } else {
-                b = uint8_t(gw[st * cols * 4 + n * 4 + j]);
+            for (int j = 0; j < 4; j += 2) {
+              int32_t pair = 0;
+              for (int i = j; i < j + 2; ++i) {
+                const int32_t av = a[(g * args.g_steps + st) * 4 + i];
+                uint8_t b;
+                if (nib) {
+                  const uint8_t pr = uint8_t(gw[(st / 2) * cols * 4 + n * 4 + i]);
+                  const uint8_t q = st % 2 ? pr >> 4 : pr & 0x0f;
+                  b = ident ? q : uint8_t(args.lut[q]);
+                } else {
+                  b = uint8_t(gw[st * cols * 4 + n * 4 + i]);
+                }
+                pair += av * (flip || offset ? int32_t(b) : int32_t(int8_t(b)));
               }
-              acc += av * (flip || offset ? int32_t(b) : int32_t(int8_t(b)));
+              if (words)
+                lane[j / 2] =
+                    int16_t(uint16_t(lane[j / 2]) + uint16_t(std::clamp(pair, -32768, 32767)));
+              else
+                acc += pair;
             }
+          if (words) acc = int32_t(lane[0]) + lane[1];
           if (flip) acc -= 128 * gs;
           if (offset) acc -= c0 * gs;
           t = std::fma(factor(w, g, n, 0), float(acc), t);

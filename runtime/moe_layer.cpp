@@ -409,7 +409,9 @@ void MoELayer::build_kernels() {
                       (g.scale_dtype == formats::FloatType::f16    ? kQGroupF16
                        : g.scale_dtype == formats::FloatType::bf16 ? kQGroupBf16
                                                                    : 0) |
-                      (c0 >= 0 ? qgroup_offset_variant(c0) : 0));
+                      (c0 >= 0 ? qgroup_offset_variant(c0) : 0) |
+                      (formats::qgroup_int16_sums(g, c0) ? kQGroupI16 : 0) |
+                      (c0 >= 0 && formats::qgroup_identity_table(g, c0) ? kQGroupIdentity : 0));
     };
     const bool qg = format_ == WeightFormat::qgroup;
     auto k_pairs = [](const formats::StripLayout& l) { return l.k % 2 == 0 && l.g_steps % 2 == 0; };

@@ -49,6 +49,8 @@ class GemmGenerator : public JitGenerator {
              : key.variant & kQGroupBf16 ? 2
                                          : 0),
         qgs2_(qg_ && key.isa == IsaLevel::avx2 && key.m_r > 1),
+        qgw_(qg_ && (key.variant & kQGroupI16)),
+        qgi_(qg_ && (key.variant & kQGroupIdentity)),
         qc0_(qgroup_code_offset(key)),
         gsum_(qg_ && qgroup_needs_gsum(key)),
         nib_(int4_ || qg4_),
@@ -86,13 +88,18 @@ class GemmGenerator : public JitGenerator {
           "gemm: fp8 pair kernels (vdpbf16ps) are at avx512_bf16, decode ones of <= 4 rows: " +
           key.describe());
     if (qg_ && ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper |
-                                 0xf0 | kQGroupF16 | kQGroupBf16)) ||
+                                 0xf0 | kQGroupF16 | kQGroupBf16 | kQGroupI16 | kQGroupIdentity)) ||
                 ((key.variant & 0xf0) && !qgo_) ||
                 __builtin_popcount(key.variant & (kQGroupSuper | kQGroupF16 | kQGroupBf16)) > 1))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
     if (qgo_ && (vnni_ || qc0_ > 128))
       throw std::invalid_argument(
           "gemm: offset codes are kernels below the VNNI levels, offset <= 128: " + key.describe());
+    if (qgw_ && !qgo_)
+      throw std::invalid_argument("gemm: int16 group sums are for offset codes: " + key.describe());
+    if (qgi_ && !(qgo_ && qg4_))
+      throw std::invalid_argument("gemm: the identity table is for offset nibble codes: " +
+                                  key.describe());
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
       throw std::invalid_argument("gemm: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));
@@ -448,7 +455,8 @@ class GemmGenerator : public JitGenerator {
   }
 
   void load_params_qgroup() {
-    if (qg4_) {
+    if (qg4_ && qgi_) vmovups(qmask(), cpool(c_0f_));  // the nibble is the code: no table
+    if (qg4_ && !qgi_) {
       mov(reg_tmp, arg(offsetof(GemmArgs, lut)));
       if (zmm_isa())
         vbroadcasti32x4(Zmm(qlut().getIdx()),
@@ -509,54 +517,75 @@ class GemmGenerator : public JitGenerator {
       vpxor(x, x, x);
   }
 
+  // Registers free at a group end (the codes' and broadcasts' scratch; the table, mask and ones
+  // stay): 6 at VNNI levels, 8 at avx512, 5 at avx2.
+  Xmm qend_tmp(int i) const {
+    static constexpr int kVnni[] = {24, 25, 26, 27, 28, 31};
+    static constexpr int kZmm[] = {16, 17, 18, 19, 20, 21, 22, 23};
+    static constexpr int kYmm[] = {8, 12, 13, 14, 15};
+    return vreg(vnni_ ? kVnni[i] : zmm_isa() ? kZmm[i] : kYmm[i]);
+  }
+  // The group's scale (b = 0) or bias (b = 1) vector v as fp32 in `t`: 16-bit values widened
+  // exactly, or two-level float(sub) * factor (exact: the one-level fp32 scale).
+  void qgroup_scale_vector(const Xmm& t, int v, int b) {
+    if (qgh_) {
+      const RegExp h = reg_w + (b * strip_cols() + v * lanes_) * 2;
+      const Address half = zmm_isa() ? Address(yword[h]) : Address(xword[h]);
+      if (qgh_ == 1) {
+        vcvtph2ps(t, half);
+      } else {
+        vpmovzxwd(t, half);
+        vpslld(t, t, 16);
+      }
+      return;
+    }
+    const RegExp sub = reg_w + b * strip_cols() + v * lanes_;
+    if (zmm_isa())
+      vpmovsxbd(t, xword[sub]);
+    else
+      vpmovsxbd(t, qword[sub]);
+    vcvtdq2ps(t, t);
+    vmulps(t, t, vmem(reg_sb + (b * nv_ + v) * vec_bytes()));
+  }
+
   // t = fma(scale_g, float(acc_g), t); t = fma(bias_g, float(s_g), t); VNNI: acc_g -= 128 * s_g
-  // first (the codes' +128).
+  // first (the codes' +128), offset codes: acc_g -= c0 * s_g. Two passes: the rows' group sums
+  // become fp32 (s_g kept for the bias term), then each scale (bias) vector is built once for all
+  // rows of the tile.
   void qgroup_group_end(bool prefetch_next) {
-    const Xmm gs = qtmp(0);                  // s_g of the row, broadcast
-    const Xmm gc = vnni_ ? qw(0) : qtmp(1);  // 128 * s_g (VNNI), c0 * s_g (offset codes)
     int shift = vnni_ ? 7 : -1;
     for (int b = 0; qc0_ >> b; ++b) shift = b;  // log2(c0) (a power of two)
+    const int kept = qgb_ ? mr_ : 0;            // qend_tmp(m): row m's s_g as fp32
     for (int m = 0; m < mr_; ++m) {
+      const Xmm gs = qend_tmp(qgb_ ? m : kept);  // s_g of the row, broadcast
+      const Xmm gc = qend_tmp(kept + 1);         // 128 * s_g (VNNI), c0 * s_g (offset codes)
       if (gsum_) vpbroadcastd(gs, dword[reg_gsum + m * 4]);
       if (shift >= 0) vpslld(gc, gs, uint8_t(shift));
       if (qgb_) vcvtdq2ps(gs, gs);
       for (int v = 0; v < nv_; ++v) {
+        if (qgw_) vpmaddwd(qacc(m, v), qacc(m, v), qones());  // the int16 lanes' sums, in int32
         if (shift >= 0) vpsubd(qacc(m, v), qacc(m, v), gc);
         vcvtdq2ps(qacc(m, v), qacc(m, v));
-        // the fp32 accumulator: in its register, or (2-row avx2 tiles) loaded from the stack
-        const Xmm fa = qgs2_ ? qw(0) : acc(m, v);
+      }
+    }
+    const bool built = qgs_ || qgh_;  // scale vectors built in registers (fp32: memory operands)
+    const Xmm sc = qend_tmp(kept), bi = qend_tmp(kept + 1);
+    // the fp32 accumulator: in its register, or (2-row avx2 tiles) loaded from the stack
+    const Xmm fa_tmp = qend_tmp(kept + 2);
+    for (int v = 0; v < nv_; ++v) {
+      if (built) {
+        qgroup_scale_vector(sc, v, 0);
+        if (qgb_) qgroup_scale_vector(bi, v, 1);
+      }
+      for (int m = 0; m < mr_; ++m) {
+        const Xmm fa = qgs2_ ? fa_tmp : acc(m, v);
         if (qgs2_) vmovups(fa, vmem(rsp + acc_slot(m, v)));
-        if (!qgs_ && !qgh_) {
-          vfmadd231ps(fa, qacc(m, v), vmem(reg_w + v * vec_bytes()));
-          if (qgb_) vfmadd231ps(fa, gs, vmem(reg_w + (nv_ + v) * vec_bytes()));
+        if (built) {
+          vfmadd231ps(fa, qacc(m, v), sc);
+          if (qgb_) vfmadd231ps(fa, qend_tmp(m), bi);
         } else {
-          // 16-bit scales widened exactly, or two-level: float(sub) * factor (exact, the
-          // one-level fp32 scale); then the same fma; likewise the bias
-          const Xmm t = qw(1);
-          for (int b = 0; b < (qgb_ ? 2 : 1); ++b) {
-            if (qgh_) {
-              const RegExp h = reg_w + (b * strip_cols() + v * lanes_) * 2;
-              const Address half = zmm_isa() ? Address(yword[h]) : Address(xword[h]);
-              if (qgh_ == 1) {
-                vcvtph2ps(t, half);
-              } else {
-                vpmovzxwd(t, half);
-                vpslld(t, t, 16);
-              }
-            } else {
-              const RegExp sub = reg_w + b * strip_cols() + v * lanes_;
-              if (zmm_isa())
-                vpmovsxbd(t, xword[sub]);
-              else
-                vpmovsxbd(t, qword[sub]);
-              vcvtdq2ps(t, t);
-              vmulps(t, t, vmem(reg_sb + (b * nv_ + v) * vec_bytes()));
-            }
-            if (b == 0)
-              vfmadd231ps(fa, qacc(m, v), t);
-            else
-              vfmadd231ps(fa, gs, t);
-          }
+          vfmadd231ps(fa, qacc(m, v), vmem(reg_w + v * vec_bytes()));
+          if (qgb_) vfmadd231ps(fa, qend_tmp(m), vmem(reg_w + (nv_ + v) * vec_bytes()));
         }
         if (qgs2_) vmovups(vmem(rsp + acc_slot(m, v)), fa);
       }
@@ -596,7 +625,18 @@ class GemmGenerator : public JitGenerator {
         vpand(dst, dst, qmask());
       }
     }
-    vpshufb(dst, qlut(), dst);
+    if (!qgi_) vpshufb(dst, qlut(), dst);
+  }
+
+  // The int16 pair sums `t` (vpmaddubsw's) into the group accumulator: int16 lanes (kQGroupI16,
+  // widened at the group end), else int32 (vpmaddwd with ones, then vpaddd).
+  void qgroup_add_pairs(const Xmm& acc, const Xmm& t) {
+    if (qgw_) {
+      vpaddw(acc, acc, t);
+      return;
+    }
+    vpmaddwd(t, t, qones());
+    vpaddd(acc, acc, t);
   }
 
   void microkernel_qgroup(int u) {
@@ -615,8 +655,7 @@ class GemmGenerator : public JitGenerator {
             vpsignb(t, b[m], w);
             vpmaddubsw(t, wa, t);
           }
-          vpmaddwd(t, t, qones());
-          vpaddd(qacc(m, v), qacc(m, v), t);
+          qgroup_add_pairs(qacc(m, v), t);
         }
       }
       return;
@@ -631,8 +670,7 @@ class GemmGenerator : public JitGenerator {
           const Xmm w = qw(v), t = pre ? qtmp(v) : w;
           if (!pre) qgroup_codes(w, v, u);
           vpmaddubsw(t, w, qbcast());  // pair sums <= 2 * 129 * 127 < 2^15: exact
-          vpmaddwd(t, t, qones());
-          vpaddd(qacc(m, v), qacc(m, v), t);
+          qgroup_add_pairs(qacc(m, v), t);
         }
       }
       return;
@@ -1595,6 +1633,8 @@ class GemmGenerator : public JitGenerator {
   const bool qg_, qg4_, qgb_, qgo_, qgs_;
   const int qgh_;    // 16-bit scales: 1 fp16, 2 bf16
   const bool qgs2_;  // avx2 tiles of 2 rows: fp32 accumulators on the stack (acc_slot)
+  const bool qgw_;   // int16 group sums (kQGroupI16)
+  const bool qgi_;   // nibbles are the codes (kQGroupIdentity)
   const int qc0_;    // offset codes: c0
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;

@@ -47,6 +47,10 @@ struct Problem {
   int64_t super = 0;
   // 16-bit one-level scales (kQGroupF16 / kQGroupBf16): 1 fp16, 2 bf16; values of that type.
   int half = 0;
+  // int16 group sums (kQGroupI16; the executor's choice where formats::qgroup_int16_sums allows)
+  bool words = false;
+  // the identity table (kQGroupIdentity), likewise
+  bool ident = false;
   int lut() const { return int(seed % 4); }
   std::pair<int, int> byte_range() const {
     if (!offset) return {-128, 127};
@@ -72,7 +76,8 @@ struct Problem {
     s << "repro: KT_JIT_ISA=" << isa_name(isa) << " epi=" << int(epi) << " nib=" << nib
       << " bias=" << bias << " lut=" << (nib ? lut() : -1) << " offset=" << offset << " M=" << M
       << " N=" << N << " K=" << K << " G=" << G << " super=" << super << " half=" << half
-      << " seed=" << seed << " (ktjit_tests --gtest_filter='QGroup.*')";
+      << " words=" << words << " ident=" << ident << " seed=" << seed
+      << " (ktjit_tests --gtest_filter='QGroup.*')";
     return s.str();
   }
 };
@@ -176,6 +181,8 @@ KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
   if (p.offset) k.variant |= qgroup_offset_variant(p.c0());
   if (p.super) k.variant |= kQGroupSuper;
   if (p.half) k.variant |= p.half == 1 ? kQGroupF16 : kQGroupBf16;
+  if (p.words) k.variant |= kQGroupI16;
+  if (p.ident) k.variant |= kQGroupIdentity;
   return k;
 }
 
@@ -212,7 +219,7 @@ void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<floa
     args.g_per_strip = l.groups();
     args.g_per_super = l.super_groups;
     args.s_per_strip = l.supers();
-    args.lut = pk.lut;
+    args.lut = p.ident ? nullptr : pk.lut;  // identity-table kernels read no table
     args.a_gsum = x.gsum.data() + row0;
     args.a_gsum_ld = x.ld_rows * 4;
     if (use_ref) {
@@ -348,6 +355,11 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
                 if ((p.seed / 2) % 2) p.super = (p.seed / 8) % 2 ? p.K / p.G : 1;
                 // else fp16 / bf16 / fp32 one-level scales in turn
                 if (!p.super) p.half = int((p.seed / 16) % 3);
+                // int16 group sums on three of four offset problems that allow them
+                p.words = p.offset && formats::qgroup_int16_sums(p.spec(), p.c0()) &&
+                          (p.seed / 32) % 4 != 0;
+                p.ident = p.offset && formats::qgroup_identity_table(p.spec(), p.c0()) &&
+                          (p.seed / 64) % 4 != 0;
                 check_problem(p, &names);
                 if (HasFatalFailure()) return;
                 ++checked;
@@ -365,6 +377,16 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
         << isa_name(isa);
     EXPECT_GE(test::count_containing(names, "hbf_" + std::string(isa_tag_of(isa))), 8u)
         << isa_name(isa);
+    // int16 group sums ran below VNNI ("qg4u8w_", "qg8bu0ws_", ...), 1 and 2-row tiles
+    if (!qgroup_flip_codes(isa)) {
+      size_t words = 0;
+      for (const auto& n : names)
+        words += n.find("w_") != std::string::npos || n.find("ws_") != std::string::npos ||
+                 n.find("wh16_") != std::string::npos || n.find("whbf_") != std::string::npos;
+      EXPECT_GE(words, 8u) << isa_name(isa);
+      EXPECT_GE(test::count_containing(names, "u8i"), 4u) << isa_name(isa);  // Q4_0-like table
+      EXPECT_GE(test::count_containing(names, "u0i"), 4u) << isa_name(isa);  // Q4_K-like table
+    }
   }
   EXPECT_GT(checked, 0u);
 }
@@ -398,6 +420,17 @@ TEST(QGroup, KernelNamesSpellTheVariant) {
   o.super = 8;
   EXPECT_EQ(key_for(o, KernelKind::gemm_decode, 1, 4).name(),
             "gemm_decode_qg4u8s_avx2_m1n32_store");
+  o.words = true;
+  EXPECT_EQ(key_for(o, KernelKind::gemm_decode, 1, 4).name(),
+            "gemm_decode_qg4u8ws_avx2_m1n32_store");
+  o.ident = true;
+  EXPECT_TRUE(formats::qgroup_identity_table(o.spec(), o.c0()));
+  EXPECT_FALSE(formats::qgroup_identity_table(o.spec(), 0));
+  EXPECT_EQ(key_for(o, KernelKind::gemm_decode, 1, 4).name(),
+            "gemm_decode_qg4u8iws_avx2_m1n32_store");
+  o.offset = false;  // int16 group sums are an offset-code option
+  EXPECT_THROW(KernelCache::generate_only(key_for(o, KernelKind::gemm_decode, 1, 4)),
+               std::invalid_argument);
   for (IsaLevel isa :
        {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni, IsaLevel::avx512_bf16}) {
     p.isa = isa;
@@ -414,6 +447,32 @@ TEST(QGroup, KernelNamesSpellTheVariant) {
   EXPECT_EQ(gemm_max_rows(IsaLevel::avx2, WeightFormat::qgroup), 2);
   EXPECT_THROW(KernelCache::generate_only(key_for(p, KernelKind::gemm_decode, 3, 4)),
                std::invalid_argument);
+}
+
+// Where a group's int16 lanes cannot overflow: (G / 2) * max(code + c0) * 127 <= 32767.
+TEST(QGroup, Int16SumsOnlyWhereTheyFit) {
+  formats::GroupedSpec s;
+  s.code_bits = 4;
+  std::memcpy(s.lut, kLuts[0], 16);  // -8 .. 7, c0 8: stored 0 .. 15
+  s.group = 32;
+  EXPECT_TRUE(formats::qgroup_int16_sums(s, formats::qgroup_code_offset(s)));  // 16 * 15 * 127
+  s.group = 64;
+  EXPECT_FALSE(formats::qgroup_int16_sums(s, 8));  // 32 * 15 * 127 = 60960
+  s.group = 32;
+  EXPECT_FALSE(formats::qgroup_int16_sums(s, -1));  // no offset codes
+  s.code_bits = 8;
+  s.group = 16;
+  s.code_lo = -32;  // Q6_K: stored 0 .. 63, 8 * 63 * 127 = 64008
+  s.code_hi = 31;
+  EXPECT_FALSE(formats::qgroup_int16_sums(s, formats::qgroup_code_offset(s)));
+  s.code_lo = -4;  // Q3_K: stored 0 .. 7
+  s.code_hi = 3;
+  EXPECT_TRUE(formats::qgroup_int16_sums(s, formats::qgroup_code_offset(s)));
+  s.code_lo = 0;  // 8 * 32 * 127 = 32512: the largest byte code that fits at G 16
+  s.code_hi = 32;
+  EXPECT_TRUE(formats::qgroup_int16_sums(s, 0));
+  s.code_hi = 33;
+  EXPECT_FALSE(formats::qgroup_int16_sums(s, 0));
 }
 
 TEST(QGroup, PackerNamesBadCodesAndGroups) {

@@ -226,8 +226,9 @@ print('ok', layer.kernel_names()[0])
 """
     proc = run_python(code, env_extra={"KT_JIT_ISA": "avx2"}, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # avx2 takes this table (-8 .. 7) as offset codes, c0 = 8 (jit/kernel.hpp kQGroupOffset)
-    assert "gemm_decode_qg4bu8_avx2_m1n32_siluup" in proc.stdout
+    # avx2 takes this table (-8 .. 7) as offset codes, c0 = 8 (jit/kernel.hpp kQGroupOffset),
+    # whose table + 8 is the identity (i) and whose G 32 groups fit int16 lanes (w)
+    assert "gemm_decode_qg4bu8iw_avx2_m1n32_siluup" in proc.stdout
 
 
 def test_bad_inputs():
