@@ -442,6 +442,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const int rows = key.m_r;
   const int32_t offset = int8_activation_offset(key.isa) ? 128 : 0;
   const bool gacc = decode_group_accumulate(key) || strip_scratch_kernel(key);
+  const bool dword = fp8_dword_decode(key);
   // bf16: args.k4 steps of kg k each ([k / kg][column][kg], jit/gemm.hpp bf16_kgroup); the padded
   // last k of an odd K has weight 0 and activation 0, which the kernels add and so does this.
   const int kg = bf16 ? bf16_kgroup(key.isa) : 1;
@@ -518,10 +519,14 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
               continue;
             }
             // decode_group_accumulate: value * 2^-8 (the kernels' fp16 route, exact) summed per
-            // group, then folded with scale * 2^8 (exact) once per group.
-            g = std::fma(af[k], fp8_value(wb[k * cols + n]) * 0x1p-8f, g);
+            // group, then folded with scale * 2^8 (exact) once per group; avx2's fp32-domain
+            // widen (fp8_dword_decode): a * 2^64 times value * 2^-120, folded with scale * 2^56.
+            if (dword)
+              g = std::fma(af[k] * 0x1p64f, fp8_value(wb[k * cols + n]) * 0x1p-120f, g);
+            else
+              g = std::fma(af[k], fp8_value(wb[k * cols + n]) * 0x1p-8f, g);
             if (k % args.g_steps == args.g_steps - 1 || k == args.k4 - 1) {
-              acc = std::fma(g, scale * 256.0f, acc);
+              acc = std::fma(g, scale * (dword ? 0x1p56f : 256.0f), acc);
               g = 0.0f;
             }
           }

@@ -58,7 +58,8 @@ class GemmGenerator : public JitGenerator {
         mx8_(key.format == WeightFormat::mxfp8),
         mx_(mx4_ || mx8_),
         gacc_(decode_group_accumulate(key) || fp8p_ || (sfma_ && fp8_)),
-        i16_(mx_int16_activations(key)) {
+        i16_(mx_int16_activations(key)),
+        fp8dw_(fp8_dword_decode(key)) {
     if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
         key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8 && !qg_ && !mx_)
       throw std::invalid_argument(
@@ -924,11 +925,16 @@ class GemmGenerator : public JitGenerator {
     const Xmm t = vreg(num_vregs() - 2);  // a decode temporary: free between K steps
     for (int h = 0; h < 2; ++h) {
       vmovups(t, vmem(reg_gs + h * vec_bytes()));
-      if (!fp8p_) vmulps(t, t, cpool(c_f256_));  // the pair kernels' values are unscaled
+      if (!fp8p_)  // the pair kernels' values are unscaled
+        vmulps(t, t, cpool(fp8dw_ ? c_f2p56_ : c_f256_));
       if (fp8_scale_regs())
         vmovaps(Zmm(28 + h), t);
       else
         vmovups(vmem(rsp + kFp8ScaleStack + h * vec_bytes()), t);
+    }
+    if (fp8dw_) {
+      vmovups(fp8dw_mask(), cpool(c_e4m3_dw_));
+      vmovups(fp8dw_scale(), cpool(c_f2p64_));
     }
   }
   // One vector of e4m3 bytes at `wm` (lanes_ of them) as fp32 in vreg(i): the byte as fp16 bits
@@ -1084,6 +1090,17 @@ class GemmGenerator : public JitGenerator {
 
   void microkernel_fp8(int u) {
     for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 4 * u]);
+    if (fp8dw_) {  // avx2 one-row decode: a * 2^64, then per vector the fp32-domain widen
+      vmulps(row_bcast(0), row_bcast(0), fp8dw_scale());
+      const Ymm t(num_vregs() - 2);
+      for (int v = 0; v < nv_; ++v) {
+        vpmovsxbd(t, qword[reg_w + u * step_bytes() + v * lanes_]);
+        vpslld(t, t, 20);
+        vpand(t, t, fp8dw_mask());
+        vfmadd231ps(gacc(0, v), t, row_bcast(0));
+      }
+      return;
+    }
     const int half_vecs = key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_;
     const int ti = num_vregs() - 2;
     for (int v = 0; v < nv_; ++v) {
@@ -1574,6 +1591,9 @@ class GemmGenerator : public JitGenerator {
     align(64);
     emit_const32(c_ones16_, 0x00010001u);
     emit_const32(c_f256_, f32_bits(256.0f));
+    emit_const32(c_f2p56_, f32_bits(0x1p56f));
+    emit_const32(c_f2p64_, f32_bits(0x1p64f));
+    emit_const32(c_e4m3_dw_, 0x87f00000u);
     emit_const32(c_zero_, 0u);
     emit_const32(c_f0_, 0xf0f0f0f0u);
     emit_const32(c_80_, 0x80808080u);
@@ -1638,6 +1658,10 @@ class GemmGenerator : public JitGenerator {
   const int qc0_;    // offset codes: c0
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;
+  const bool fp8dw_;  // avx2 one-row fp8 decode in the fp32 domain (jit/gemm.hpp fp8_dword_decode)
+  // its constants, loaded at each group start (ymm 4..7 and 13 are free in those tiles)
+  Xmm fp8dw_mask() const { return vreg(13); }  // 0x87f00000: sign, 4 exponent, 3 mantissa bits
+  Xmm fp8dw_scale() const { return vreg(7); }  // 2^64 for the activation
   // gacc_: the group accumulators of (row m, vector v), zmm8..15 (free with <= 2 rows); fp8 pair
   // kernels of 3-4 rows use the accumulator registers (fp8_stack_acc).
   // (ymm8..11 on AVX2, whose group-accumulating tiles have one row.)
@@ -1648,6 +1672,7 @@ class GemmGenerator : public JitGenerator {
   }
   Label c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_, c_fp8_lut_[2],
       c_fp8_idx_[2];
+  Label c_f2p56_, c_f2p64_, c_e4m3_dw_;
   Label c_ones16_, c_f256_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_,
       c_one_;
 };
