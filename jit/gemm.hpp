@@ -140,7 +140,8 @@ inline bool gemm_activation_offset(IsaLevel isa, WeightFormat fmt) {
 // for those two), instead of multiplying every weight by its scale; jit/gemm_ref.cpp follows the
 // same rule.
 inline bool decode_group_accumulate(const KernelKey& key);
-// fp8 decode kernels of 1 row at avx2 (decode_group_accumulate ones) widen the e4m3 byte in the
+// fp8 decode kernels of 1 row at avx2 (decode_group_accumulate ones) with kFp8Fp32Widen (the
+// executor's choice on AMD CPUs) widen the e4m3 byte in the
 // fp32 domain instead of the fp16 route (whose vcvtph2ps bounds them there): vpmovsxbd, << 20,
 // & 0x87f00000 gives the fp32 bits of value * 2^-120 (e4m3 subnormals become fp32 subnormals,
 // exactly; the NaN codes +-480 * 2^-120 as elsewhere). The activation is taken * 2^64 (one vmulps
@@ -149,8 +150,7 @@ inline bool decode_group_accumulate(const KernelKey& key);
 // would hold at or above 2^-70 are the same bits (every product and sum is the old one * 2^-48,
 // no subnormal rounding); jit/gemm_ref.cpp follows this rule exactly.
 inline bool fp8_dword_decode(const KernelKey& key) {
-  return key.format == WeightFormat::fp8 && key.isa == IsaLevel::avx2 &&
-         decode_group_accumulate(key);
+  return key.format == WeightFormat::fp8 && (key.variant & kFp8Fp32Widen);
 }
 inline bool decode_group_accumulate(const KernelKey& key) {
   const bool fmt = key.format == WeightFormat::mxfp4 || key.format == WeightFormat::mxfp8 ||

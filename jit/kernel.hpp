@@ -78,6 +78,11 @@ constexpr uint16_t kQGroupIdentity = 0x800;
 // with vdpbf16ps: WeightFormat::bf16 prefill over the strip re-laid as k pairs (jit/gemm.hpp
 // bf16_pair_kernel) and WeightFormat::fp8 decode of <= 4 rows (fp8_pair_kernel).
 constexpr uint8_t kBf16Pairs = 1;
+// KernelKey::variant bit of WeightFormat::fp8 one-row decode kernels at avx2: widen e4m3 in the
+// fp32 domain (jit/gemm.hpp fp8_dword_decode; names end `_f32w`). e4m3 subnormal codes become
+// fp32 subnormal FMA inputs there, which AMD CPUs take at full speed and Intel CPUs with a
+// microcode assist, so the executor sets it on AMD (runtime/moe_layer.cpp).
+constexpr uint8_t kFp8Fp32Widen = 2;
 
 // KernelKey::variant bit of fp8 prefill kernels at the x86 levels without AVX512-BF16 (jit/gemm.hpp
 // strip_scratch_kernel): each strip is decoded once into GemmArgs::scratch as bf16 k pairs and

@@ -74,6 +74,7 @@ std::string KernelKey::name() const {
       s << (variant & kSwigluAlpha ? "_alpha" : "") << (variant & kSwigluClamp ? "_clamp" : "");
     if ((format == WeightFormat::bf16 || format == WeightFormat::fp8) && (variant & kBf16Pairs))
       s << "_dpbf16";
+    if (format == WeightFormat::fp8 && (variant & kFp8Fp32Widen)) s << "_f32w";
     if (format != WeightFormat::qgroup && (variant & kStripScratch)) s << "_scratch";
   } else {
     s << '_' << isa_tag(isa) << "_v" << int(variant);

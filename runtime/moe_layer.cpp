@@ -288,6 +288,14 @@ const char* built_methods() {
          "LLAMAFILE, RAWINT4, GPTQ_INT4";
 }
 
+// fp8 one-row decode at avx2 widens e4m3 in the fp32 domain (jit/kernel.hpp kFp8Fp32Widen) on
+// AMD CPUs (and Hygon's Zen), whose FMAs take the subnormal codes' fp32 subnormals at full speed;
+// Intel's take a microcode assist per such instruction, so they keep the fp16 route.
+static bool fp8_fp32_widen_here() {
+  const std::string& v = cpu_features().vendor;
+  return v == "AuthenticAMD" || v == "HygonGenuine";
+}
+
 GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs,
                                    uint16_t variant, bool k_pairs) {
   // amx: AMX-INT8 (int8) and AMX-BF16 (bf16, fp8, mxfp4, mxfp8) prefill tiles for experts with
@@ -320,6 +328,8 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.decode_tail.push_back(key(KernelKind::gemm_decode, m, tail));
     if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx512_bf16 && k_pairs && m <= 4)
       ks.decode_full.back().variant = ks.decode_tail.back().variant = kBf16Pairs;
+    if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx2 && m == 1 && fp8_fp32_widen_here())
+      ks.decode_full.back().variant = ks.decode_tail.back().variant = kFp8Fp32Widen;
   }
   ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kStripVecs);
   ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);

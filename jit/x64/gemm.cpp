@@ -76,8 +76,12 @@ class GemmGenerator : public JitGenerator {
           "gemm: bf16 pair kernels (vdpbf16ps) are prefill kernels at "
           "avx512_bf16: " +
           key.describe());
-    if (fp8_ && (key.variant & ~(kBf16Pairs | kStripScratch)))
+    if (fp8_ && (key.variant & ~(kBf16Pairs | kStripScratch | kFp8Fp32Widen)))
       throw std::invalid_argument("gemm: unknown fp8 variant bits: " + key.describe());
+    if (fp8dw_ && (key.isa != IsaLevel::avx2 || !decode_group_accumulate(key) ||
+                   (key.variant & ~kFp8Fp32Widen)))
+      throw std::invalid_argument("gemm: the fp32-domain fp8 widen is for one-row avx2 decode: " +
+                                  key.describe());
     if ((key.variant & kStripScratch) && !qg_ &&
         (!(fp8_ || mx_) || key.kind != KernelKind::gemm_prefill ||
          (fp8_ && (key.variant & kBf16Pairs)) || key.isa == IsaLevel::avx512_bf16))

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <tuple>
 
 #include "formats/convert.hpp"
 #include "formats/int8.hpp"
@@ -150,6 +151,11 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi, p.fmt);
     key.variant = variant;
     if (p.fp8_pairs()) key.variant = kBf16Pairs;
+    // avx2 one-row fp8 decode: the fp32-domain widen (the executor's choice on AMD) on two
+    // problems of three, the fp16 route on the third
+    if (p.fmt == WeightFormat::fp8 && p.isa == IsaLevel::avx2 && kind == KernelKind::gemm_decode &&
+        m_r == 1 && p.seed % 3 != 0)
+      key.variant = kFp8Fp32Widen;
     GemmArgs args{};
     std::vector<uint8_t> scratch;  // the strip as k pairs (gemm_scratch_bytes)
     if (gemm_scratch_bytes(key, l.k4)) {
@@ -322,6 +328,11 @@ TEST(Gemm, SweepMatchesReferenceBitwise) {
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
     EXPECT_GE(names.size(), 80u) << isa_name(isa);
+    if (isa == IsaLevel::avx2) {  // both fp8 one-row decode widens ran
+      EXPECT_GT(test::count_containing(names, "fp8_avx2_m1n32_store_f32w"), 0u);
+      EXPECT_GT(test::count_containing(names, "fp8_avx2_m1n32_siluup_f32w"), 0u);
+      EXPECT_GT(std::count(names.begin(), names.end(), "gemm_decode_fp8_avx2_m1n32_accum"), 0);
+    }
   }
   EXPECT_GT(checked, 0u);
 }
@@ -373,6 +384,18 @@ TEST(Gemm, RefusesImpossibleKeys) {
   EXPECT_THROW(KernelCache::generate_only(
                    key_for(IsaLevel::avx512_vnni, KernelKind::gemm_decode, 1, 3, Epilogue::siluup)),
                std::invalid_argument);  // siluup needs gate and up halves
+  // the fp32-domain fp8 widen is a one-row avx2 decode kernel
+  for (auto [isa, kind, m_r] : {std::tuple{IsaLevel::avx2, KernelKind::gemm_decode, 2},
+                                std::tuple{IsaLevel::avx2, KernelKind::gemm_prefill, 2},
+                                std::tuple{IsaLevel::avx512, KernelKind::gemm_decode, 1}}) {
+    KernelKey k = key_for(isa, kind, m_r, 4, Epilogue::store, WeightFormat::fp8);
+    k.variant = kFp8Fp32Widen;
+    EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument) << k.describe();
+  }
+  KernelKey ok =
+      key_for(IsaLevel::avx2, KernelKind::gemm_decode, 1, 4, Epilogue::store, WeightFormat::fp8);
+  ok.variant = kFp8Fp32Widen;
+  EXPECT_EQ(KernelCache::generate_only(ok)->name, "gemm_decode_fp8_avx2_m1n32_store_f32w");
 }
 
 TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
