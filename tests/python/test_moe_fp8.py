@@ -96,6 +96,10 @@ def test_fp8_jit_equals_reference(ref, method, isa):
         layer.forward(T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr())
         layer.forward_reference(T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, exp.data_ptr())
         assert torch.equal(out, exp), f"{method} isa={isa} T={T}"
+    # one-row avx2 decode widens in the fp32 domain on AMD only (jit/kernel.hpp kFp8Fp32Widen)
+    amd = _core.cpu_features()["vendor"] in ("AuthenticAMD", "HygonGenuine")
+    f32w = any(n.endswith("_f32w") for n in layer.kernel_names())
+    assert f32w == (layer.isa == "avx2" and amd), layer.kernel_names()
 
 
 def test_fp8_refuses_float_tensors():
