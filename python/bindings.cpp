@@ -491,6 +491,7 @@ PYBIND11_MODULE(_core, m) {
         d["read_gbs_2t"] = l.read_gbs_2t;
         d["peak_vnni_gops"] = l.peak_vnni_gops;
         d["peak_maddubsw_gops"] = l.peak_maddubsw_gops;
+        d["peak_maddubsw_w_gops"] = l.peak_maddubsw_w_gops;
         d["peak_fma_gflops"] = l.peak_fma_gflops;
         d["peak_bf16_gflops"] = l.peak_bf16_gflops;
         d["peak_amx_int8_gops"] = l.peak_amx_int8_gops;

@@ -237,6 +237,7 @@ MachineLimits measure_machine_limits(IsaLevel isa) {
   };
   m.peak_vnni_gops = peak(x64::PeakOp::vpdpbusd);
   m.peak_maddubsw_gops = peak(x64::PeakOp::maddubsw);
+  m.peak_maddubsw_w_gops = peak(x64::PeakOp::maddubsw_w);
   m.peak_fma_gflops = peak(x64::PeakOp::fma_f32);
   m.peak_bf16_gflops = peak(x64::PeakOp::dpbf16);
   m.peak_amx_int8_gops = peak(x64::PeakOp::tdpbusd);

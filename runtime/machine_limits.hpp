@@ -29,6 +29,7 @@ struct MachineLimits {
   double read_gbs_1t = 0, read_gbs_2t = 0;
   double peak_vnni_gops = 0;        // vpdpbusd
   double peak_maddubsw_gops = 0;    // vpmaddubsw + vpmaddwd + vpaddd
+  double peak_maddubsw_w_gops = 0;  // vpmaddubsw + vpaddw (qgroup int16 group sums, kQGroupI16)
   double peak_fma_gflops = 0;       // vfmadd231ps
   double peak_bf16_gflops = 0;      // vdpbf16ps
   double peak_amx_int8_gops = 0;    // tdpbusd (isa amx only)

@@ -31,13 +31,14 @@ const char* op_name(PeakOp op) {
     case PeakOp::dpbf16: return "dpbf16";
     case PeakOp::tdpbusd: return "tdpbusd";
     case PeakOp::tdpbf16ps: return "tdpbf16ps";
+    case PeakOp::maddubsw_w: return "maddubsw_w";
   }
   return "?";
 }
 
 // Validates (key.isa, variant); throws std::invalid_argument for combinations the ISA lacks.
 PeakOp checked_op(const KernelKey& key) {
-  if (key.variant > uint8_t(PeakOp::tdpbf16ps))
+  if (key.variant > uint8_t(PeakOp::maddubsw_w))
     throw std::invalid_argument("peak_loop: unknown variant " + std::to_string(key.variant));
   const PeakOp op = PeakOp(key.variant);
   const int lvl = int(key.isa);
@@ -58,7 +59,8 @@ bool is_zmm(IsaLevel isa) {
 
 // Independent accumulator chains per block.
 int chains(PeakOp op, IsaLevel isa) {
-  if (op == PeakOp::maddubsw) return is_zmm(isa) ? 12 : 6;  // acc + temp per chain, 3 sources
+  if (op == PeakOp::maddubsw || op == PeakOp::maddubsw_w)  // acc + temp per chain, 3 sources
+    return is_zmm(isa) ? 12 : 6;
   return is_zmm(isa) ? 24 : 12;
 }
 
@@ -140,7 +142,7 @@ class PeakLoopGenerator : public JitGenerator {
     load_const(srcB, lconst_b);
     if (op_ == PeakOp::maddubsw) load_const(srcC, lconst_b);
     for (int i = 0; i < n; ++i) zero(i);
-    if (op_ == PeakOp::maddubsw)
+    if (op_ == PeakOp::maddubsw || op_ == PeakOp::maddubsw_w)
       for (int i = 0; i < n; ++i) zero(n + i);
 
     align(32);
@@ -161,6 +163,12 @@ class PeakLoopGenerator : public JitGenerator {
             vpaddd(acc, acc, t);
             break;
           }
+          case PeakOp::maddubsw_w: {
+            const Xmm t = vreg(n + i);
+            vpmaddubsw(t, a, b);
+            vpaddw(acc, acc, t);
+            break;
+          }
         }
       }
     }
@@ -175,6 +183,7 @@ class PeakLoopGenerator : public JitGenerator {
     switch (op_) {
       case PeakOp::vpdpbusd:
       case PeakOp::maddubsw:
+      case PeakOp::maddubsw_w:
         a_bits = 0x01020304u;
         b_bits = 0x01010101u;
         break;
@@ -248,6 +257,7 @@ double peak_ops_per_iteration(const KernelKey& key) {
   switch (op) {
     case PeakOp::vpdpbusd: per_instr = 2.0 * vbytes; break;         // one MAC per byte
     case PeakOp::maddubsw: per_instr = 2.0 * vbytes; break;         // same work in 3 instructions
+    case PeakOp::maddubsw_w: per_instr = 2.0 * vbytes; break;       // in 2 (int16 sums)
     case PeakOp::fma_f32: per_instr = 2.0 * (vbytes / 4); break;    // one MAC per fp32 lane
     case PeakOp::dpbf16: per_instr = 2.0 * (vbytes / 2); break;     // one MAC per bf16 element
     case PeakOp::tdpbusd: return 2.0 * 16 * 16 * 64 * 4 * kRepeat;  // 4 tile multiplies a block

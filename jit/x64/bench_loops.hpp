@@ -11,12 +11,13 @@ namespace ktjit::x64 {
 
 // Peak-loop variants (KernelKey::variant).
 enum class PeakOp : uint8_t {
-  vpdpbusd = 0,   // INT8 VNNI (avx512_vnni+)
-  maddubsw = 1,   // INT8 without VNNI: vpmaddubsw + vpmaddwd + vpaddd (avx2 / avx512)
-  fma_f32 = 2,    // vfmadd231ps
-  dpbf16 = 3,     // vdpbf16ps (avx512_bf16)
-  tdpbusd = 4,    // AMX-INT8 tile multiply (amx): 16x16x64 MACs per instruction
-  tdpbf16ps = 5,  // AMX-BF16 tile multiply (amx): 16x16x32 MACs per instruction
+  vpdpbusd = 0,    // INT8 VNNI (avx512_vnni+)
+  maddubsw = 1,    // INT8 without VNNI: vpmaddubsw + vpmaddwd + vpaddd (avx2 / avx512)
+  fma_f32 = 2,     // vfmadd231ps
+  dpbf16 = 3,      // vdpbf16ps (avx512_bf16)
+  tdpbusd = 4,     // AMX-INT8 tile multiply (amx): 16x16x64 MACs per instruction
+  tdpbf16ps = 5,   // AMX-BF16 tile multiply (amx): 16x16x32 MACs per instruction
+  maddubsw_w = 6,  // vpmaddubsw + vpaddw: the int16 group sums of qgroup kernels (kQGroupI16)
 };
 
 // void fn(int64_t iterations): `iterations` x an unrolled block of independent ops.

@@ -9,7 +9,9 @@
 Reported per token count: median µs, tokens/s, effective weight GB/s (bytes of the distinct experts
 touched / time), Gop/s (2 per multiply-accumulate), and roof% = max(bytes / read_bw, ops / peak) /
 time with the limits of the same run (peak = vpdpbusd at VNNI levels, the vpmaddubsw sequence
-otherwise; scaled by the thread count). Speed is reported, never asserted.
+otherwise — vpmaddubsw + vpaddw for qgroup layers whose every kernel takes int16 group sums —
+FMA / vdpbf16ps / AMX for the float formats; scaled by the thread count). Speed is reported,
+never asserted.
 
 Peers, each only when asked for and installed (otherwise skipped with the reason printed), run
 right after the kt-jit rows in the same process and time window, against the same limits:
@@ -32,6 +34,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -124,6 +127,8 @@ GGUF_MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}  # gate/up type, down type
 INT4_GROUP = {"RAWINT4": 32, "GPTQ_INT4": 128}
 INT4_SCALE = {"RAWINT4": "bf16", "GPTQ_INT4": "f16"}  # the checkpoints' scale dtypes
 QGROUP_METHODS = ("LLAMAFILE", "RAWINT4", "GPTQ_INT4")
+#: qgroup kernel names with int16 group sums (jit/kernel.hpp kQGroupI16: "qg4bu0iws", "qg4u8iwh16")
+_INT16_SUMS = re.compile(r"_qg[48]b?u\d+i?w")
 MX_METHODS = ("MXFP4", "MXFP8")
 
 
@@ -646,6 +651,7 @@ def _limits_lines(lim: Dict, read_bw: float, peak: float, peak_name: str, thread
             f"{_fmt(lim.get('read_gbs_2t', 0), 2)} GB/s (2 threads)",
             f"- peaks per core: vpdpbusd {_fmt(lim.get('peak_vnni_gops', 0))} Gop/s, "
             f"vpmaddubsw+vpmaddwd+vpaddd {_fmt(lim.get('peak_maddubsw_gops', 0))} Gop/s, "
+            f"vpmaddubsw+vpaddw {_fmt(lim.get('peak_maddubsw_w_gops', 0))} Gop/s, "
             f"FMA fp32 {_fmt(lim.get('peak_fma_gflops', 0))} GFLOP/s, "
             f"vdpbf16ps {_fmt(lim.get('peak_bf16_gflops', 0))} GFLOP/s"
             + (
@@ -964,6 +970,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"(L3 {l3 / 2**20:.1f} MiB) loaded in {time.perf_counter() - t0:.1f} s",
         flush=True,
     )
+
+    # qgroup layers whose every kernel adds int16 group sums (Q4_0, Q4_K, RAWINT4 G32 at avx2) run
+    # vpmaddubsw + vpaddw, not the three-instruction chain: that pair's peak is their roof.
+    if args.method in QGROUP_METHODS and not vnni and lim.get("peak_maddubsw_w_gops"):
+        names = layers[0].kernel_names()
+        if names and all(_INT16_SUMS.search(n) for n in names):
+            peak_name, peak_key = "vpmaddubsw+vpaddw", "peak_maddubsw_w_gops"
+            peak = float(lim[peak_key]) * threads
+            print(
+                f"- every kernel adds int16 group sums: roof% uses the {peak_name} peak "
+                f"{_fmt(peak)} Gop/s",
+                flush=True,
+            )
 
     # --- 3. accuracy: one small call against the C++ reference ------------------------------------
     te = 4

@@ -17,8 +17,8 @@ using x64::PeakOp;
 
 const IsaLevel kX86Levels[] = {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni,
                                IsaLevel::avx512_bf16, IsaLevel::amx};
-const PeakOp kOps[] = {PeakOp::vpdpbusd, PeakOp::maddubsw, PeakOp::fma_f32,
-                       PeakOp::dpbf16,   PeakOp::tdpbusd,  PeakOp::tdpbf16ps};
+const PeakOp kOps[] = {PeakOp::vpdpbusd, PeakOp::maddubsw,  PeakOp::fma_f32,   PeakOp::dpbf16,
+                       PeakOp::tdpbusd,  PeakOp::tdpbf16ps, PeakOp::maddubsw_w};
 
 KernelKey peak_key(IsaLevel isa, PeakOp op) {
   KernelKey k;
