@@ -104,6 +104,10 @@ void quantize_mx_act_i16(const float* x, int64_t k, uint8_t* out) {
         std::memcpy(out + (4 * b + s) * 4, pair, 4);
       }
     std::memcpy(out + 64, &half_d, 4);
+    int64_t sum = 0;
+    for (int i = 0; i < kMxGroup; ++i) sum += q[i];
+    const uint32_t offset_sum = uint32_t(uint64_t(int64_t(kMxI16CodeOffset) * sum));
+    std::memcpy(out + 68, &offset_sum, 4);
   }
 }
 

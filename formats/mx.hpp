@@ -42,9 +42,16 @@ void mx_dequantize_row(bool fp4, const uint8_t* w, const uint8_t* e, int64_t k, 
 // values quantized to int16 against the group's own scale d = amax / 32767 (q = rne(x * 32767 /
 // amax), |q| <= 32767; an all-zero group gives d = 0), stored as 64 bytes of int16 pairs, the
 // dword of (block b = 0..3, step s = 0..3) holding (q[8b + s], q[8b + s + 4]), then d / 2 as fp32
-// (the kernels multiply the codes by 2 * e2m1, exact integers). A non-finite amax stores zero
-// codes and a NaN scale, so the output is NaN as with fp32 activations.
-constexpr int64_t kMxI16GroupBytes = 68;
+// (the kernels multiply the codes by 2 * e2m1, exact integers), then the int32
+// kMxI16CodeOffset * Σq (modulo 2^32). A non-finite amax stores zero codes and a NaN scale, so
+// the output is NaN as with fp32 activations.
+constexpr int64_t kMxI16GroupBytes = 72;
+// What avx2's MXFP4 decode adds to every weight code: its vpshufb table holds 2 * e2m1 + 12
+// (0..24, so no sign step) and the word's high byte reads entry 0 (12), so each int16 weight word
+// is code + 12 + 12 * 256; the kernel subtracts this offset times the group's Σq (the int32
+// above) once per group. Its int32 sums may wrap, but the result Σ code * q fits int32 (at most
+// 32 * 12 * 32767), so the wrapped arithmetic gives it exactly.
+constexpr int32_t kMxI16CodeOffset = 12 + 12 * 256;
 inline int64_t mx_act_i16_bytes(int64_t k) {
   return k / kMxGroup * kMxI16GroupBytes;
 }

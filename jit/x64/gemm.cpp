@@ -14,6 +14,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "formats/mx.hpp"
 #include "jit/gemm.hpp"
 #include "jit/x64/generator.hpp"
 
@@ -1267,13 +1268,15 @@ class GemmGenerator : public JitGenerator {
       jg(inner, T_NEAR);
       if (i16_ && !zmm_isa()) {  // avx2, one row: the same fold, the scales from the stack
         const Ymm t(13), d(14);  // free after the K steps
+        vpbroadcastd(t, dword[a_row(0) + 4]);  // kMxI16CodeOffset * Σq, the codes' offset
+        for (int v = 0; v < nv_; ++v) vpsubd(gacc(0, v), gacc(0, v), t);
         vbroadcastss(d, dword[a_row(0)]);
         for (int v = 0; v < nv_; ++v) {
           vcvtdq2ps(gacc(0, v), gacc(0, v));
           vmulps(t, d, mx_scale(v));
           vfmadd231ps(acc(0, v), gacc(0, v), t);
         }
-        add(reg_a, 4);
+        add(reg_a, 8);    // d / 2 and the offset sum
       } else if (i16_) {  // acc += float(sum) * (2^e * d/2): the sum is exact, one rounding
         const Zmm t(30), d(31);
         for (int m = 0; m < mr_; ++m) {
@@ -1284,7 +1287,7 @@ class GemmGenerator : public JitGenerator {
             vfmadd231ps(acc(m, v), gacc(m, v), t);
           }
         }
-        add(reg_a, 4);
+        add(reg_a, 8);     // d / 2 and the offset sum (read by avx2 only)
       } else if (gacc_) {  // acc += g * 2^e (exact scaling, one rounding)
         for (int m = 0; m < mr_; ++m)
           for (int v = 0; v < nv_; ++v)
@@ -1326,37 +1329,32 @@ class GemmGenerator : public JitGenerator {
   }
 
   // The same on AVX2 (one row; no vpermw or vpdpwssd): each 16-bit word of the nibble dword,
-  // shifted by 4s, gives its low nibble to vpshufb over the 16-byte |2 * e2m1| table (the word's
-  // high byte indexes entry 0, which is 0), and its nibble's sign bit, shifted to bit 15, to
-  // vpsignw, which negates the activation where the code is negative (a zero word there means a
-  // zero magnitude, so the zeroed activation changes nothing); vpmaddwd + vpaddd then add the
-  // exact products into the int32 group sums (gacc: ymm8..11). ymm4 row pair, 5 word mask
-  // 0x000f, 6 table, 7 index, 12 sign, 13 signed activation, 14 the nibble words (VEX shifts take
-  // no memory operand).
+  // shifted by 4s and masked to its nibble, indexes vpshufb's 16-byte table of 2 * e2m1 + 12
+  // (unsigned, so no sign step), whose entry 0 (12) the word's high byte reads: every weight word
+  // is code + formats::kMxI16CodeOffset, and vpmaddwd + vpaddd add (code + offset) * q into the
+  // int32 group sums (gacc: ymm8..11), which the group end corrects by the offset * Σq stored
+  // with the activations (exact modulo 2^32, and the true sum fits). ymm4 row pair, 5 word mask
+  // 0x000f, 6 table, 7 index, 13 product, 14 the nibble words (VEX shifts take no memory
+  // operand).
   void mx_i16_avx2_constants() {
     vbroadcasti128(Ymm(6), ptr[rip + c_e2m1_b_]);
     vmovups(Ymm(5), yword[rip + c_000f_]);
   }
   void microkernel_mx_i16_avx2(int s) {
-    const Ymm pair(4), mask(5), table(6), idx(7), sgn(12), sa(13), word(14);
+    const Ymm pair(4), mask(5), table(6), idx(7), prod(13), word(14);
     vpbroadcastd(pair, dword[a_row(0) + 4 * s]);
     for (int v = 0; v < nv_; ++v) {
-      vmovdqu(word, yword[reg_w + v * vec_bytes()]);
+      const Address mem = yword[reg_w + v * vec_bytes()];
       if (s == 0) {
-        vpand(idx, mask, word);
+        vpand(idx, mask, mem);
       } else {
+        vmovdqu(word, mem);
         vpsrlw(idx, word, uint8_t(4 * s));
         if (s < 3) vpand(idx, idx, mask);
       }
       vpshufb(idx, table, idx);
-      if (s < 3) {
-        vpsllw(sgn, word, uint8_t(12 - 4 * s));
-        vpsignw(sa, pair, sgn);
-      } else {
-        vpsignw(sa, pair, word);
-      }
-      vpmaddwd(sa, idx, sa);
-      vpaddd(gacc(0, v), gacc(0, v), sa);
+      vpmaddwd(prod, idx, pair);
+      vpaddd(gacc(0, v), gacc(0, v), prod);
     }
   }
 
@@ -1618,8 +1616,10 @@ class GemmGenerator : public JitGenerator {
     align(64);
     L(c_e2m1_w_);  // 2 * e2m1 as int16 for every 5-bit index (the stray bit 4 ignored)
     for (int i = 0; i < 32; ++i) dw(uint16_t(int16_t(2.0f * mx_e2m1(uint8_t(i & 15)))));
-    L(c_e2m1_b_);  // |2 * e2m1| as bytes for every nibble (AVX2 vpshufb; the sign goes apart)
-    for (int i = 0; i < 16; ++i) db(uint8_t(2.0f * std::fabs(mx_e2m1(uint8_t(i)))));
+    // the offset the avx2 words carry: entry 0 (12) in the high byte, 12 in the low one
+    static_assert(formats::kMxI16CodeOffset == 12 + 12 * 256);
+    L(c_e2m1_b_);  // 2 * e2m1 + 12 as bytes for every nibble (AVX2 vpshufb, unsigned)
+    for (int i = 0; i < 16; ++i) db(uint8_t(int(2.0f * mx_e2m1(uint8_t(i))) + 12));
     L(c_000f_);
     for (int i = 0; i < 16; ++i) dw(0x000f);
     if (fp8p_) emit_fp8_pair_constants();
