@@ -27,6 +27,10 @@ void check_grouped_spec(const GroupedSpec& spec, const std::string& what) {
     throw std::invalid_argument(what +
                                 ": two-level scales (super_group) keep fp32 factors; scale_dtype "
                                 "must be f32 with them");
+  if (spec.int_fold && !qgroup_int_fold(spec))
+    throw std::invalid_argument(what +
+                                ": int32 super-block folds need two-level scales without a bias "
+                                "and byte codes within [-32, 32]");
   if (spec.code_lo < -128 || spec.code_hi > 127 || spec.code_lo > spec.code_hi)
     throw std::invalid_argument(what + ": code range must lie in [-128, 127] with lo <= hi, got [" +
                                 std::to_string(spec.code_lo) + ", " + std::to_string(spec.code_hi) +
@@ -47,7 +51,7 @@ StripLayout qgroup_layout(int64_t n, int64_t k, int lanes, int strip_vecs, int s
   l.group_extra = (spec.super_group ? 1 : spec.scale_dtype == FloatType::f32 ? 4 : 2) * per;
   if (spec.super_group) {
     l.super_groups = spec.super_group / spec.group;
-    l.super_extra = 4 * per;
+    l.super_extra = 4 * per + (spec.int_fold ? 4 : 0);  // fp32 factors (+ int32 corrections)
   }
   return l;
 }
@@ -132,6 +136,11 @@ bool qgroup_int16_sums(const GroupedSpec& spec, int c0) {
   return (spec.group / 2) * int64_t(hi + c0) * 127 <= 32767;
 }
 
+bool qgroup_int_fold(const GroupedSpec& spec) {
+  return spec.super_group > 0 && spec.super_group <= 2048 && !spec.bias && spec.code_bits == 8 &&
+         spec.code_lo >= -32 && spec.code_hi <= 32;
+}
+
 bool qgroup_identity_table(const GroupedSpec& spec, int offset) {
   if (spec.code_bits != 4) return false;
   for (int i = 0; i < 16; ++i)
@@ -143,6 +152,11 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
                         int offset, int8_t* out) {
   const bool nib = spec.code_bits == 4;
   const int64_t G = spec.group;
+  if (spec.int_fold && offset != 0)
+    throw std::invalid_argument(
+        "pack_qgroup_strips: int32 super-block folds store the codes "
+        "signed (offset 0), got offset " +
+        std::to_string(offset));
   for (int s = 0; s < l.sources; ++s) {
     const GroupedSlice& x = src[s];
     if (!x.m || !x.m->codes || !x.m->scales)
@@ -242,6 +256,17 @@ void pack_qgroup_strips(const StripLayout& l, const GroupedSpec& spec, const Gro
           std::memcpy(sb + (t * cols + j) * 4, &f, 4);
           for (int64_t i = 0; i < sg; ++i)
             sb[header + i * group_bytes + code_bytes + t * cols + j] = uint8_t(q[i]);
+          if (!spec.int_fold) continue;
+          // the + 128 of the activations: 128 * sum_i sub_i * (sum of group i's codes), after
+          // the factors (|value| <= 128 * 128 * super_group * 32 < 2^31)
+          int64_t corr = 0;
+          for (int64_t i = 0; i < sg; ++i) {
+            int64_t cs = 0;
+            for (int64_t k = (b * sg + i) * G; k < (b * sg + i + 1) * G; ++k) cs += codes[k];
+            corr += int64_t(q[i]) * cs;
+          }
+          const int32_t c32 = int32_t(128 * corr);
+          std::memcpy(sb + (cols + j) * 4, &c32, 4);
         }
     }
   }

@@ -49,6 +49,13 @@ struct GroupedSpec {
   // bf16, GPTQ's f16); the packer refuses a value the type does not hold exactly. Half the bytes
   // of fp32 scales, the same result bits (the kernels widen exactly).
   FloatType scale_dtype = FloatType::f32;
+  // Int32 super-block folds (jit/kernel.hpp kQGroupIntFold; set by the layer at avx2 where
+  // qgroup_int_fold allows): byte codes stored signed (offset 0), the activations taken as
+  // a + 128 (unsigned), the int8 sub-scales multiplied in int32, and one fp32 fold per super
+  // block. Each super block's header then holds, after the fp32 factor of every column, an int32
+  // per column: 128 * sum over its groups of sub * (sum of the group's codes), the term the
+  // + 128 adds.
+  bool int_fold = false;
 };
 
 // K elements of a matrix's smallest whole unit: the super block, or the group.
@@ -121,6 +128,13 @@ int qgroup_code_offset(const GroupedSpec& spec);
 // most the largest) and an activation in [-127, 127], so (group / 2) * max(code + c0) * 127 must
 // stay within 32767. True for Q4_0 / Q4_1 / Q4_K / RAWINT4 G32 (15), Q2_K and Q3_K (G 16).
 bool qgroup_int16_sums(const GroupedSpec& spec, int c0);
+
+// Whether the spec allows int32 super-block folds (GroupedSpec::int_fold, jit/kernel.hpp
+// kQGroupIntFold): two-level scales without a bias, byte codes within [-32, 32] (so two K steps'
+// vpmaddubsw pair sums of codes and unsigned activations, 2 * 2 * 255 * 32 = 32640, fit int16),
+// and super blocks short enough that the int32 sums cannot overflow (super_group * 128 * 255 * 32
+// < 2^31). Q6_K is such a type.
+bool qgroup_int_fold(const GroupedSpec& spec);
 
 // Whether the nibble table plus `offset` is 0, 1, ..., 15 (jit/kernel.hpp kQGroupIdentity).
 bool qgroup_identity_table(const GroupedSpec& spec, int offset);

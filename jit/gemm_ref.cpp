@@ -194,7 +194,14 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
                                                 : half ? 2
                                                        : 4) *
                                                (bias ? 2 : 1);
-  const int64_t header_bytes = super ? int64_t(cols) * 4 * (bias ? 2 : 1) : 0;
+  // int32 super-block folds (kQGroupIntFold): the activations are a + 128 (unsigned), the codes
+  // signed; per column two int16 lanes sum two K steps' pair sums (saturated as vpmaddubsw, added
+  // with wrap-around as vpaddw), vpmaddwd multiplies them by the group's sub-scale into the super
+  // block's int32 sum (wrapping as vpaddd); the header's int32 correction comes off at the end and
+  // t = fma(factor, float(sum), t) once per super block
+  const bool fold = key.variant & kQGroupIntFold;
+  const int64_t header_bytes =
+      super ? int64_t(cols) * 4 * (bias ? 2 : 1) + (fold ? int64_t(cols) * 4 : 0) : 0;
   const int64_t gps = super ? args.g_per_super : args.g_per_strip;
   const int64_t strip_bytes = (group_bytes * gps + header_bytes) * (args.g_per_strip / gps);
   // The fp32 scale (b = 0) or bias (b = 1) of group g, column n, as the kernels compute it.
@@ -220,7 +227,38 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
     for (int64_t m = 0; m < blocks * rows; ++m) {
       const int8_t* a = args.a + m * args.lda;
       float y[64];
-      for (int n = 0; n < cols; ++n) {
+      for (int n = 0; fold && n < cols; ++n) {
+        float t = 0.0f;
+        for (int64_t sb = 0; sb < args.g_per_strip / gps; ++sb) {
+          const int8_t* hw = w + sb * (group_bytes * gps + header_bytes);
+          uint32_t acc = 0;
+          for (int64_t gi = 0; gi < gps; ++gi) {
+            const int64_t g = sb * gps + gi;
+            const int8_t* gw = hw + header_bytes + gi * group_bytes;
+            const int32_t sub = gw[code_bytes + n];
+            for (int64_t st = 0; st < args.g_steps; st += 2) {
+              int16_t lane[2] = {0, 0};
+              for (int64_t s2 = st; s2 < st + 2; ++s2)
+                for (int j = 0; j < 4; j += 2) {
+                  int32_t pair = 0;
+                  for (int i = j; i < j + 2; ++i)
+                    pair += int32_t(uint8_t(a[(g * args.g_steps + s2) * 4 + i])) *
+                            int32_t(gw[s2 * cols * 4 + n * 4 + i]);
+                  lane[j / 2] =
+                      int16_t(uint16_t(lane[j / 2]) + uint16_t(std::clamp(pair, -32768, 32767)));
+                }
+              acc += uint32_t(int32_t(lane[0]) * sub + int32_t(lane[1]) * sub);
+            }
+          }
+          int32_t corr;
+          float f;
+          std::memcpy(&f, hw + n * 4, 4);
+          std::memcpy(&corr, hw + (cols + n) * 4, 4);
+          t = std::fma(f, float(int32_t(acc - uint32_t(corr))), t);
+        }
+        y[n] = args.a_scale[m] * t;
+      }
+      for (int n = 0; !fold && n < cols; ++n) {
         float t = 0.0f;
         for (int64_t g = 0; g < args.g_per_strip; ++g) {
           const int8_t* gw = w + (g / gps) * (group_bytes * gps + header_bytes) + header_bytes +

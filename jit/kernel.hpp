@@ -73,6 +73,16 @@ constexpr uint16_t kQGroupI16 = 0x400;
 // Q2_K, Q3_K): the nibble is the stored code, so the kernels skip the table lookup (vpshufb) and
 // ignore GemmArgs::lut (formats::qgroup_identity_table).
 constexpr uint16_t kQGroupIdentity = 0x800;
+// Int32 super-block folds at avx2 (formats::qgroup_int_fold: two-level scales, no bias, byte codes
+// within [-32, 32], i.e. Q6_K): the activations come as a + 128 (unsigned, the VNNI form) and the
+// codes signed, so vpmaddubsw's pair sums of two K steps fit one int16 lane (vpaddw); vpmaddwd
+// multiplies them by the group's int8 sub-scale (widened to both words of its column's dword)
+// into the super block's int32 sums. At the super block's end the header's int32 correction
+// (128 * sum of sub * group code sums) comes off and one FMA by the fp32 factor folds the sum:
+// no per-group conversion, scale or FMA. The sums are exact, so the result is
+// a_scale * sum over super blocks of fma(factor, float(exact sum)): fewer roundings than the
+// per-group order, not the same bits (docs/FORMATS.md).
+constexpr uint16_t kQGroupIntFold = 0x1000;
 
 // KernelKey::variant bit of kernels at avx512_bf16 that take bf16 activation pairs and multiply
 // with vdpbf16ps: WeightFormat::bf16 prefill over the strip re-laid as k pairs (jit/gemm.hpp

@@ -34,7 +34,7 @@ constexpr int kNeonBf16PairMinRows = 6;
 // in the interpreter, but keeps its vpblendmb ones until a CPU measures them; VNNI levels already
 // take the codes unsigned (+ 128).
 int qgroup_offset(IsaLevel isa, const formats::GroupedSpec& g) {
-  return isa == IsaLevel::avx2 ? formats::qgroup_code_offset(g) : -1;
+  return isa == IsaLevel::avx2 && !g.int_fold ? formats::qgroup_code_offset(g) : -1;
 }
 // What the packed byte codes and the kernels' table hold beyond each code at `isa`: + 128 at VNNI
 // levels (the XOR 0x80 of their unsigned operand), + c0 for offset codes, else nothing.
@@ -187,6 +187,9 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
           (down->super_group ? "super block " : "group ") + std::to_string(dn_unit));
     qg_gu_ = *gu;
     qg_down_ = *down;
+    // int32 super-block folds at avx2 (jit/kernel.hpp kQGroupIntFold) where the codes allow them
+    for (formats::GroupedSpec* g : {&qg_gu_, &qg_down_})
+      g->int_fold = isa == IsaLevel::avx2 && formats::qgroup_int_fold(*g);
     qg_store_offset_[0] = qgroup_store_offset(isa, qg_gu_);
     qg_store_offset_[1] = qgroup_store_offset(isa, qg_down_);
     formats::qgroup_kernel_lut(qg_gu_, qg_store_offset_[0], qg_lut_[0]);
@@ -421,7 +424,8 @@ void MoELayer::build_kernels() {
                                                                    : 0) |
                       (c0 >= 0 ? qgroup_offset_variant(c0) : 0) |
                       (formats::qgroup_int16_sums(g, c0) ? kQGroupI16 : 0) |
-                      (c0 >= 0 && formats::qgroup_identity_table(g, c0) ? kQGroupIdentity : 0));
+                      (c0 >= 0 && formats::qgroup_identity_table(g, c0) ? kQGroupIdentity : 0) |
+                      (g.int_fold ? kQGroupIntFold : 0));
     };
     const bool qg = format_ == WeightFormat::qgroup;
     auto k_pairs = [](const formats::StripLayout& l) { return l.k % 2 == 0 && l.g_steps % 2 == 0; };
@@ -1025,7 +1029,7 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
     if (wk.pool >= S) return;  // fewer shards than pools
     if (!s.decode) {
       auto& ps = s.pools[size_t(wk.pool)];
-      const bool flip = gemm_activation_offset(isa_, format_);
+      const bool flip = activations_unsigned(false);
       int64_t t0, t1;
       split_range(T, wk.tid, wk.nt, &t0, &t1);
       for (int64_t t = t0; t < t1; ++t)
@@ -1110,7 +1114,7 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
   const Shard& sh = shards_[size_t(si)];
   auto& ss = s.shards[size_t(si)];
   const int64_t is = sh.i_end - sh.i_begin, rows = s.rows, H = shape_.hidden;
-  const bool flip = gemm_activation_offset(isa_, format_);
+  const bool flip = activations_unsigned(false), flip_h = activations_unsigned(true);
   const bool float_act =
       format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8 || is_mx_format(format_);
   const int tid = wk.tid, nt = wk.nt;
@@ -1166,7 +1170,7 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
     int64_t r0, r1;
     split_range(rows, tid, nt, &r0, &r1);
     for (int64_t r = r0; r < r1; ++r)
-      quantize_act_row(ss.h.data() + r * ss.h_stride, is, false, flip, ss.lda_h,
+      quantize_act_row(ss.h.data() + r * ss.h_stride, is, false, flip_h, ss.lda_h,
                        ss.hq.data() + r * ss.lda_h, &ss.hs[size_t(r)]);
     wk.barrier();
   }

@@ -162,6 +162,12 @@ class MoELayer {
   };
   void load_experts_grouped(const std::vector<GroupedExpertSource>& experts, ThreadPool& pool);
   const formats::GroupedSpec& grouped_spec(bool down) const { return down ? qg_down_ : qg_gu_; }
+  // Whether the int8 activations of gate/up (down: of down) are stored as a + 128 (XOR 0x80):
+  // at VNNI levels (their unsigned operand) and for qgroup int32 super-block folds.
+  bool activations_unsigned(bool down) const {
+    return gemm_activation_offset(isa_, format_) ||
+           (format_ == WeightFormat::qgroup && (down ? qg_down_ : qg_gu_).int_fold);
+  }
   // MXFP4 / MXFP8 experts (formats/mx.hpp), row-major checkpoint bytes: gate/up [I, H/2] (MXFP4)
   // or [I, H] (MXFP8), down [H, I/2] or [H, I]; ue8m0 scales gate/up [I, H/32], down [H, I/32].
   // An exponent of 255 (NaN), or >= 247 for MXFP8, is refused (std::invalid_argument).

@@ -52,6 +52,7 @@ class GemmGenerator : public JitGenerator {
         qgs2_(qg_ && key.isa == IsaLevel::avx2 && key.m_r > 1),
         qgw_(qg_ && (key.variant & kQGroupI16)),
         qgi_(qg_ && (key.variant & kQGroupIdentity)),
+        qgf_(qg_ && (key.variant & kQGroupIntFold)),
         qc0_(qgroup_code_offset(key)),
         gsum_(qg_ && qgroup_needs_gsum(key)),
         nib_(int4_ || qg4_),
@@ -93,8 +94,9 @@ class GemmGenerator : public JitGenerator {
       throw std::invalid_argument(
           "gemm: fp8 pair kernels (vdpbf16ps) are at avx512_bf16, decode ones of <= 4 rows: " +
           key.describe());
-    if (qg_ && ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper |
-                                 0xf0 | kQGroupF16 | kQGroupBf16 | kQGroupI16 | kQGroupIdentity)) ||
+    if (qg_ && ((key.variant &
+                 ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper | 0xf0 | kQGroupF16 |
+                   kQGroupBf16 | kQGroupI16 | kQGroupIdentity | kQGroupIntFold)) ||
                 ((key.variant & 0xf0) && !qgo_) ||
                 __builtin_popcount(key.variant & (kQGroupSuper | kQGroupF16 | kQGroupBf16)) > 1))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
@@ -103,6 +105,11 @@ class GemmGenerator : public JitGenerator {
           "gemm: offset codes are kernels below the VNNI levels, offset <= 128: " + key.describe());
     if (qgw_ && !qgo_)
       throw std::invalid_argument("gemm: int16 group sums are for offset codes: " + key.describe());
+    if (qgf_ && (key.isa != IsaLevel::avx2 || !qgs_ || qgb_ || qg4_ || qgo_ || qgw_))
+      throw std::invalid_argument(
+          "gemm: int32 super-block folds are avx2 kernels of two-level byte codes without a bias "
+          "or offset: " +
+          key.describe());
     if (qgi_ && !(qgo_ && qg4_))
       throw std::invalid_argument("gemm: the identity table is for offset nibble codes: " +
                                   key.describe());
@@ -164,7 +171,9 @@ class GemmGenerator : public JitGenerator {
   int qg_extra_bytes() const { return strip_cols() * qg_elem_bytes() * (qgb_ ? 2 : 1); }
   // bytes of one group scale (or bias) per column: int8 sub-scale, fp16 / bf16 or fp32
   int qg_elem_bytes() const { return qgs_ ? 1 : qgh_ ? 2 : 4; }
-  int qg_header_bytes() const { return strip_cols() * 4 * (qgb_ ? 2 : 1); }
+  int qg_header_bytes() const {
+    return strip_cols() * 4 * (qgb_ ? 2 : 1) + (qgf_ ? strip_cols() * 4 : 0);
+  }
   // Bytes of one strip into `r` (the next strip starts there).
   void strip_bytes_to(const Reg64& r) {
     if (mx_) {  // per group: one exponent byte per column, then the group's weights
@@ -237,10 +246,10 @@ class GemmGenerator : public JitGenerator {
 
   // ---- loop nest --------------------------------------------------------------------------
   void generate() {
-    preamble(mx_     ? kMxScaleStack + kStripVecs * 64
-             : fp8_  ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
-             : qgs2_ ? kQgAccStack + mr_ * nv_ * 64
-                     : 16);
+    preamble(mx_    ? kMxScaleStack + kStripVecs * 64
+             : fp8_ ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
+             : qg_  ? qf_scale_slot(nv_)
+                    : 16);
     load_params();
     Label strip_loop, done;
     mov(reg_tmp, arg(offsetof(GemmArgs, n_strips)));
@@ -471,7 +480,7 @@ class GemmGenerator : public JitGenerator {
         vbroadcasti128(Ymm(qlut().getIdx()), ptr[reg_tmp]);
       vmovups(qmask(), cpool(c_0f_));
     }
-    if (!vnni_) vmovups(qones(), cpool(c_ones16_));
+    if (!vnni_ && !qgf_) vmovups(qones(), cpool(c_ones16_));
     if (!vnni_ && zmm_isa()) vpxord(qzero(), qzero(), qzero());
   }
 
@@ -514,6 +523,92 @@ class GemmGenerator : public JitGenerator {
       jnz(group, T_NEAR);
     }
     L(done);
+  }
+
+  // Int32 super-block folds (kQGroupIntFold, avx2): per super block the int32 sums start at zero;
+  // per group the sub-scales become int16 pairs on the stack (qf_scale_slot), then its K steps
+  // run two at a time (microkernel_qgroup_fold); at the super block's end the header's int32
+  // correction comes off and one FMA by its fp32 factor folds each sum.
+  void k_loop_qgroup_fold(bool prefetch_next) {
+    Label super, group, inner, done;
+    const Reg64 reg_cb = r12;  // bytes of a group's codes: its sub-scales follow them
+    mov(reg_gc, arg(offsetof(GemmArgs, s_per_strip)));
+    mov(reg_cb, arg(offsetof(GemmArgs, g_steps)));
+    imul(reg_cb, reg_cb, step_bytes());
+    test(reg_gc, reg_gc);
+    jle(done, T_NEAR);
+    L(super);
+    {
+      mov(reg_sb, reg_w);
+      advance_w(qg_header_bytes());
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) vpxor(qacc(m, v), qacc(m, v), qacc(m, v));
+      mov(reg_sg, arg(offsetof(GemmArgs, g_per_super)));
+      L(group);
+      {
+        // each column's int8 sub-scale in both words of its dword (vpmaddwd's other operand)
+        const Xmm t = vreg(14);
+        for (int v = 0; v < nv_; ++v) {
+          vpmovsxbd(t, qword[reg_w + reg_cb + v * 8]);
+          vpshufb(t, t, cpool(c_dupw_));
+          vmovdqu(vmem(rsp + qf_scale_slot(v)), t);
+        }
+        mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
+        L(inner);
+        for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
+        advance(kUnroll, prefetch_next);
+        sub(reg_k, kUnroll);
+        jg(inner, T_NEAR);
+        advance_w(qg_extra_bytes());  // the sub-scales
+        if (prefetch_next) {          // the next strip's scale lines, one per group and block
+          prefetcht1(ptr[reg_pf]);
+          add(reg_pf, 64);
+        }
+        dec(reg_sg);
+        jnz(group, T_NEAR);
+      }
+      const Xmm fa_tmp = vreg(15);
+      for (int v = 0; v < nv_; ++v)
+        for (int m = 0; m < mr_; ++m) {
+          vpsubd(qacc(m, v), qacc(m, v), vmem(reg_sb + (strip_cols() + v * lanes_) * 4));
+          vcvtdq2ps(qacc(m, v), qacc(m, v));
+          const Xmm fa = qgs2_ ? fa_tmp : acc(m, v);
+          if (qgs2_) vmovups(fa, vmem(rsp + acc_slot(m, v)));
+          vfmadd231ps(fa, qacc(m, v), vmem(reg_sb + v * vec_bytes()));
+          if (qgs2_) vmovups(vmem(rsp + acc_slot(m, v)), fa);
+        }
+      dec(reg_gc);
+      jnz(super, T_NEAR);
+    }
+    L(done);
+  }
+
+  // Two K steps (u even) of an int32 fold tile: the rows' activations (a + 128) broadcast for both
+  // steps (ymm 8-11), each code vector loaded once per step (12, 13) for all rows; per (row,
+  // vector) two vpmaddubsw (|pair| <= 2 * 255 * 32), their int16 sum (<= 32640: exact), vpmaddwd
+  // by the sub-scales and vpaddd into the super block's sum (14, 15 temporaries).
+  void microkernel_qgroup_fold(int u) {
+    if (u % 2) return;
+    const Xmm c[2] = {vreg(12), vreg(13)};
+    const Xmm t0 = vreg(14), t1 = vreg(15);
+    auto b = [&](int m, int j) { return vreg(8 + 2 * m + j); };
+    for (int m = 0; m < mr_; ++m)
+      for (int j = 0; j < 2; ++j) vpbroadcastd(b(m, j), dword[a_row(m) + 4 * (u + j)]);
+    for (int v = 0; v < nv_; ++v) {
+      for (int j = 0; j < 2; ++j) vmovdqu(c[j], weight_mem(v, u + j));
+      for (int m = 0; m < mr_; ++m) {
+        vpmaddubsw(t0, b(m, 0), c[0]);
+        vpmaddubsw(t1, b(m, 1), c[1]);
+        vpaddw(t0, t0, t1);
+        vpmaddwd(t0, t0, vmem(rsp + qf_scale_slot(v)));
+        vpaddd(qacc(m, v), qacc(m, v), t0);
+      }
+    }
+  }
+  // The stack slot of vector v's int16 sub-scale pairs (int32 folds), above the 2-row tiles' fp32
+  // accumulators; qf_scale_slot(nv_) is the qgroup kernels' stack size.
+  int qf_scale_slot(int v) const {
+    return (qgs2_ ? kQgAccStack + mr_ * nv_ * 64 : 16) + (qgf_ ? v * 32 : 0);
   }
 
   void vpxord_any(const Xmm& x) {
@@ -646,6 +741,10 @@ class GemmGenerator : public JitGenerator {
   }
 
   void microkernel_qgroup(int u) {
+    if (qgf_) {
+      microkernel_qgroup_fold(u);
+      return;
+    }
     if (qgs2_) {  // avx2, 2 rows: each code vector decoded once for both rows (ymm 8, 15: the rows'
       // broadcasts; 12: codes; 13: |codes|; 14: products; 9 ones, 10 table, 11 mask)
       const Xmm b[2] = {vreg(8), vreg(15)};
@@ -724,7 +823,10 @@ class GemmGenerator : public JitGenerator {
 
   void k_loop(bool prefetch_next) {
     if (qg_) {
-      k_loop_qgroup(prefetch_next);
+      if (qgf_)
+        k_loop_qgroup_fold(prefetch_next);
+      else
+        k_loop_qgroup(prefetch_next);
       return;
     }
     if (fp8_) {
@@ -1601,6 +1703,8 @@ class GemmGenerator : public JitGenerator {
     emit_const32(c_80_, 0x80808080u);
     emit_const32(c_hi16_, 0xffff0000u);
     emit_const32(c_0f_, 0x0f0f0f0fu);
+    L(c_dupw_);  // vpshufb: each dword's low word into both of its words
+    for (int i = 0; i < 16; ++i) dd(0x01000100u + 0x04040404u * uint32_t(i % 4));
     emit_const32(c_sign_, 0x80000000u);
     emit_const32(c_max_, f32_bits(88.0f));
     emit_const32(c_min_, f32_bits(-87.0f));
@@ -1659,6 +1763,7 @@ class GemmGenerator : public JitGenerator {
   const bool qgs2_;  // avx2 tiles of 2 rows: fp32 accumulators on the stack (acc_slot)
   const bool qgw_;   // int16 group sums (kQGroupI16)
   const bool qgi_;   // nibbles are the codes (kQGroupIdentity)
+  const bool qgf_;   // int32 super-block folds (kQGroupIntFold)
   const int qc0_;    // offset codes: c0
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;
@@ -1674,8 +1779,8 @@ class GemmGenerator : public JitGenerator {
     for (int m = 0; m < mr_; ++m)
       for (int v = 0; v < nv_; ++v) vpxord_any(gacc(m, v));
   }
-  Label c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_, c_fp8_lut_[2],
-      c_fp8_idx_[2];
+  Label c_dupw_, c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_,
+      c_fp8_lut_[2], c_fp8_idx_[2];
   Label c_f2p56_, c_f2p64_, c_e4m3_dw_;
   Label c_ones16_, c_f256_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_,
       c_one_;

@@ -127,8 +127,10 @@ GGUF_MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}  # gate/up type, down type
 INT4_GROUP = {"RAWINT4": 32, "GPTQ_INT4": 128}
 INT4_SCALE = {"RAWINT4": "bf16", "GPTQ_INT4": "f16"}  # the checkpoints' scale dtypes
 QGROUP_METHODS = ("LLAMAFILE", "RAWINT4", "GPTQ_INT4")
-#: qgroup kernel names with int16 group sums (jit/kernel.hpp kQGroupI16: "qg4bu0iws", "qg4u8iwh16")
-_INT16_SUMS = re.compile(r"_qg[48]b?u\d+i?w")
+#: qgroup kernel names that add vpmaddubsw's pair sums in int16 lanes: int16 group sums
+#: (jit/kernel.hpp kQGroupI16: "qg4bu0iws", "qg4u8iwh16") and int32 super-block folds
+#: (kQGroupIntFold: "qg8fs", two K steps per lane)
+_INT16_SUMS = re.compile(r"_qg[48]b?(u\d+i?w|f)")
 MX_METHODS = ("MXFP4", "MXFP8")
 
 
@@ -971,15 +973,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         flush=True,
     )
 
-    # qgroup layers whose every kernel adds int16 group sums (Q4_0, Q4_K, RAWINT4 G32 at avx2) run
-    # vpmaddubsw + vpaddw, not the three-instruction chain: that pair's peak is their roof.
+    # qgroup layers whose every kernel adds int16 lanes (Q4_0, Q4_K, RAWINT4 G32, Q6_K's int32
+    # folds, Q4_K_M at avx2) run vpmaddubsw + vpaddw, not the three-instruction chain: that pair's
+    # peak is their roof.
     if args.method in QGROUP_METHODS and not vnni and lim.get("peak_maddubsw_w_gops"):
         names = layers[0].kernel_names()
         if names and all(_INT16_SUMS.search(n) for n in names):
             peak_name, peak_key = "vpmaddubsw+vpaddw", "peak_maddubsw_w_gops"
             peak = float(lim[peak_key]) * threads
             print(
-                f"- every kernel adds int16 group sums: roof% uses the {peak_name} peak "
+                f"- every kernel adds int16 lanes: roof% uses the {peak_name} peak "
                 f"{_fmt(peak)} Gop/s",
                 flush=True,
             )

@@ -51,8 +51,13 @@ struct Problem {
   bool words = false;
   // the identity table (kQGroupIdentity), likewise
   bool ident = false;
+  // int32 super-block folds (kQGroupIntFold; the executor's choice at avx2 where
+  // formats::qgroup_int_fold allows): byte codes in [-32, 31] (Q6_K) or [-32, 32], activations
+  // given to the kernels as a + 128
+  bool fold = false;
   int lut() const { return int(seed % 4); }
   std::pair<int, int> byte_range() const {
+    if (fold) return (seed / 8) % 2 ? std::make_pair(-32, 31) : std::make_pair(-32, 32);
     if (!offset) return {-128, 127};
     return (seed / 8) % 2 ? std::make_pair(-32, 31) : std::make_pair(0, 31);
   }
@@ -67,6 +72,7 @@ struct Problem {
     sp.scale_dtype = half == 1   ? formats::FloatType::f16
                      : half == 2 ? formats::FloatType::bf16
                                  : formats::FloatType::f32;
+    sp.int_fold = fold;
     return sp;
   }
   // c0 of the offset codes (formats::qgroup_code_offset), -1 if the codes allow none
@@ -76,7 +82,7 @@ struct Problem {
     s << "repro: KT_JIT_ISA=" << isa_name(isa) << " epi=" << int(epi) << " nib=" << nib
       << " bias=" << bias << " lut=" << (nib ? lut() : -1) << " offset=" << offset << " M=" << M
       << " N=" << N << " K=" << K << " G=" << G << " super=" << super << " half=" << half
-      << " words=" << words << " ident=" << ident << " seed=" << seed
+      << " words=" << words << " ident=" << ident << " fold=" << fold << " seed=" << seed
       << " (ktjit_tests --gtest_filter='QGroup.*')";
     return s.str();
   }
@@ -183,6 +189,7 @@ KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
   if (p.half) k.variant |= p.half == 1 ? kQGroupF16 : kQGroupBf16;
   if (p.words) k.variant |= kQGroupI16;
   if (p.ident) k.variant |= kQGroupIdentity;
+  if (p.fold) k.variant |= kQGroupIntFold;
   return k;
 }
 
@@ -266,6 +273,10 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
     for (int64_t k = 0; k < p.K; ++k) x.a[size_t(m * x.lda + k)] = int8_t(qd(rng));
   x.a[0] = 127;
   x.a[size_t(x.lda - 9)] = -127;
+  // what the kernels read: int32 fold kernels take a + 128 (XOR 0x80), as the executor stores it
+  Acts xk = x;
+  if (p.fold)
+    for (int64_t m = 0; m < p.M; ++m) formats::flip_sign_bits(xk.a.data() + m * x.lda, p.K);
   x.as = test::random_floats(size_t(p.M), p.seed + 2, 0.01f);
   for (auto& v : x.as) v = std::fabs(v) + 1e-3f;
   const int64_t groups = p.K / p.G;
@@ -277,12 +288,15 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
       for (int64_t k = g * p.G; k < (g + 1) * p.G; ++k) s += x.a[size_t(m * x.lda + k)];
       x.gsum[size_t(g * x.ld_rows + m)] = s;
     }
+  xk.as = x.as;
+  xk.gsum = x.gsum;
+  xk.ld_rows = x.ld_rows;
   std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
   const int64_t stride = pk.layout.total_cols() + 16;
   Outputs jit = make_outputs(p.M, stride, p.seed + 4), ref = make_outputs(p.M, stride, p.seed + 4);
   const Outputs before = make_outputs(p.M, stride, p.seed + 4);
-  run_all(p, pk, x, jit.rows, rw, false, names);
-  run_all(p, pk, x, ref.rows, rw, true, nullptr);
+  run_all(p, pk, xk, jit.rows, rw, false, names);
+  run_all(p, pk, xk, ref.rows, rw, true, nullptr);
   if (std::memcmp(jit.buf.data(), ref.buf.data(), jit.buf.size() * 4) != 0) {
     for (size_t i = 0; i < jit.buf.size(); ++i)
       ASSERT_EQ(jit.buf[i], ref.buf[i]) << p.repro() << " first difference at float " << i;
@@ -295,7 +309,17 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
     for (int64_t n = 0; n < p.N; ++n) {
       float t = 0.0f;
       double want = 0.0, mag = 0.0;
+      // int32 folds: per super block the exact sum of sub * group dot products, then
+      // t = fma(factor, float(sum), t), with factor and subs as the packer splits the scales
+      float fold_f = 0.0f;
+      int8_t fold_sub[256] = {};
+      int64_t fold_sum = 0;
       for (int64_t g = 0; g < groups; ++g) {
+        if (p.fold && g % p.super == 0) {
+          ASSERT_TRUE(formats::factor_int8(&s.scales[size_t(n * groups + g)], int(p.super), &fold_f,
+                                           fold_sub));
+          fold_sum = 0;
+        }
         int64_t acc = 0, asum = 0;
         for (int64_t k = g * p.G; k < (g + 1) * p.G; ++k) {
           const int64_t a = x.a[size_t(m * x.lda + k)];
@@ -306,6 +330,11 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
               (p.bias ? double(s.biases[size_t(n * groups + g)]) : 0.0);
           want += double(a) * wv;
           mag += std::fabs(double(a) * wv);
+        }
+        if (p.fold) {
+          fold_sum += fold_sub[g % p.super] * acc;
+          if (g % p.super == p.super - 1) t = std::fma(fold_f, float(fold_sum), t);
+          continue;
         }
         t = std::fma(s.scales[size_t(n * groups + g)], float(acc), t);
         if (p.bias) t = std::fma(s.biases[size_t(n * groups + g)], float(asum), t);
@@ -360,6 +389,12 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
                           (p.seed / 32) % 4 != 0;
                 p.ident = p.offset && formats::qgroup_identity_table(p.spec(), p.c0()) &&
                           (p.seed / 64) % 4 != 0;
+                // int32 super-block folds at avx2 on three of four byte problems with two-level
+                // scales and no bias
+                if (isa == IsaLevel::avx2 && !nib && !bias && p.super && (p.seed / 128) % 4 != 0) {
+                  p.fold = true;
+                  p.offset = p.words = p.ident = false;
+                }
                 check_problem(p, &names);
                 if (HasFatalFailure()) return;
                 ++checked;
@@ -386,6 +421,11 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
       EXPECT_GE(words, 8u) << isa_name(isa);
       EXPECT_GE(test::count_containing(names, "u8i"), 4u) << isa_name(isa);  // Q4_0-like table
       EXPECT_GE(test::count_containing(names, "u0i"), 4u) << isa_name(isa);  // Q4_K-like table
+    }
+    // int32 super-block folds ran at avx2, 1 and 2-row tiles, tails included
+    if (isa == IsaLevel::avx2) {
+      EXPECT_GE(test::count_containing(names, "qg8fs_avx2_m2"), 3u);
+      EXPECT_GE(test::count_containing(names, "qg8fs_avx2_m1"), 6u);
     }
   }
   EXPECT_GT(checked, 0u);
@@ -473,6 +513,72 @@ TEST(QGroup, Int16SumsOnlyWhereTheyFit) {
   EXPECT_TRUE(formats::qgroup_int16_sums(s, 0));
   s.code_hi = 33;
   EXPECT_FALSE(formats::qgroup_int16_sums(s, 0));
+}
+
+// int32 super-block folds: two-level scales, no bias, byte codes within [-32, 32], super blocks
+// of at most 2048 k; the generator refuses them anywhere else, the packer with an offset.
+TEST(QGroup, IntFoldOnlyWhereItFits) {
+  formats::GroupedSpec s;  // Q6_K
+  s.group = 16;
+  s.super_group = 256;
+  s.code_lo = -32;
+  s.code_hi = 31;
+  EXPECT_TRUE(formats::qgroup_int_fold(s));
+  s.code_hi = 32;  // two steps' pair sums: 2 * 2 * 255 * 32 = 32640 <= 32767
+  EXPECT_TRUE(formats::qgroup_int_fold(s));
+  s.code_hi = 33;
+  EXPECT_FALSE(formats::qgroup_int_fold(s));
+  s.code_hi = 31;
+  s.code_lo = -33;
+  EXPECT_FALSE(formats::qgroup_int_fold(s));
+  s.code_lo = -32;
+  s.bias = true;  // Q5_K-like: the bias term needs the activation sums
+  EXPECT_FALSE(formats::qgroup_int_fold(s));
+  s.bias = false;
+  s.super_group = 0;  // one-level scales
+  EXPECT_FALSE(formats::qgroup_int_fold(s));
+  s.super_group = 4096;  // 4096 * 128 * 255 * 32 > 2^31
+  EXPECT_FALSE(formats::qgroup_int_fold(s));
+  s.super_group = 2048;
+  EXPECT_TRUE(formats::qgroup_int_fold(s));
+  s.super_group = 256;
+  s.code_bits = 4;  // nibbles
+  std::memcpy(s.lut, kLuts[0], 16);
+  EXPECT_FALSE(formats::qgroup_int_fold(s));
+  s.int_fold = true;
+  EXPECT_THROW(formats::check_grouped_spec(s, "q"), std::invalid_argument);
+  s.code_bits = 8;
+  EXPECT_NO_THROW(formats::check_grouped_spec(s, "q"));
+  // the header grows by an int32 per column and super block
+  formats::GroupedSpec plain = s;
+  plain.int_fold = false;
+  const auto lf = formats::qgroup_layout(32, 512, 8, kStripVecs, 1, s);
+  const auto lp = formats::qgroup_layout(32, 512, 8, kStripVecs, 1, plain);
+  EXPECT_EQ(lf.total_bytes() - lp.total_bytes(), 2 * 32 * 4);
+  // codes are stored signed: an offset is refused
+  std::vector<int8_t> codes(size_t(32 * 512), 1);
+  std::vector<float> scales(size_t(32 * 512 / 16), 0.5f);
+  formats::GroupedMatrix m{codes.data(), scales.data(), nullptr, 16};
+  expect_pack_error(lf, s, {&m, 512, 0, 0, "fold"}, 32, "offset 0");
+  // the generator: avx2 two-level byte codes only
+  Problem p{IsaLevel::avx2, Epilogue::accum, false, false, 1, 64, 512, 16, 8};
+  p.super = 16;
+  p.fold = true;
+  EXPECT_EQ(key_for(p, KernelKind::gemm_prefill, 2, 4).name(),
+            "gemm_prefill_qg8fs_avx2_m2n32_accum");
+  EXPECT_NO_THROW(KernelCache::generate_only(key_for(p, KernelKind::gemm_prefill, 2, 4)));
+  Problem q = p;
+  q.isa = IsaLevel::avx512;
+  EXPECT_THROW(KernelCache::generate_only(key_for(q, KernelKind::gemm_decode, 1, 4)),
+               std::invalid_argument);
+  q = p;
+  q.bias = true;
+  EXPECT_THROW(KernelCache::generate_only(key_for(q, KernelKind::gemm_decode, 1, 4)),
+               std::invalid_argument);
+  q = p;
+  q.super = 0;
+  EXPECT_THROW(KernelCache::generate_only(key_for(q, KernelKind::gemm_decode, 1, 4)),
+               std::invalid_argument);
 }
 
 TEST(QGroup, PackerNamesBadCodesAndGroups) {
