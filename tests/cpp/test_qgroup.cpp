@@ -5,6 +5,7 @@
 // int64 / double math over the dequantized weights.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -786,10 +787,29 @@ TEST(QGroup, MoELayerMatchesTwinAndMath) {
                 size_t(E * (2 * I * (H / 32 * 6 - H / 64 * 8) + H * (I / 16 * 3 - I / 32 * 4))));
     }
     const std::vector<int64_t> bounds = {0, 32, 96};
-    for (IsaLevel isa : {selected_isa(), IsaLevel::ref}) {
+    // avx2 too where it runs (an AVX-512 CPU selects another level): its offset codes and int32
+    // super-block folds are executor choices of that level only
+    std::vector<IsaLevel> levels = {selected_isa(), IsaLevel::ref};
+    const auto run = test::runnable_levels();
+    if (selected_isa() != IsaLevel::avx2 &&
+        std::find(run.begin(), run.end(), IsaLevel::avx2) != run.end())
+      levels.push_back(IsaLevel::avx2);
+    for (IsaLevel isa : levels) {
       MoELayer layer({E, K, H, I}, "LLAMAFILE", isa, bounds, gu, dn);
       layer.load_experts_grouped(src, pool);
       ASSERT_TRUE(layer.loaded());
+      if (isa == IsaLevel::avx2) {  // Q6_K-style down takes the int32 folds, gate/up does not
+        size_t fold_gu = 0, fold_dn = 0;
+        for (const auto& n : layer.kernel_names()) {
+          fold_gu += n.find("fs_") != std::string::npos && n.find("siluup") != std::string::npos;
+          fold_dn += n.find("fs_") != std::string::npos && n.find("accum") != std::string::npos;
+        }
+        EXPECT_EQ(fold_gu, 0u);
+        if (variant == 3)
+          EXPECT_GT(fold_dn, 0u);
+        else
+          EXPECT_EQ(fold_dn, 0u);
+      }
       for (int64_t T : {1, 9}) {
         std::vector<float> x = test::random_floats(size_t(T * H), uint32_t(T), 1.0f);
         std::vector<int64_t> ids;

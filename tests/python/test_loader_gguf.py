@@ -267,6 +267,9 @@ def test_moe_per_integer_type(ref, tmp_path, name):
     wr.load_weights()
     check_moe(ref, wr, gate, up, down, 3e-2, actq=wr.moe.shard_bounds)
     assert name in wr.load_stats["types"] and wr.load_stats["bytes"] > 0
+    # Q6_K at avx2 runs the int32 super-block folds (jit/kernel.hpp kQGroupIntFold), nothing else
+    fold = [n for n in wr.moe.kernel_names() if "_qg8fs_" in n]
+    assert bool(fold) == (name == "Q6_K" and wr.moe.isa == "avx2"), wr.moe.kernel_names()
 
 
 @pytest.mark.parametrize("name", FLOAT_TYPES)
