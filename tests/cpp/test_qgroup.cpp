@@ -561,6 +561,9 @@ TEST(QGroup, IntFoldOnlyWhereItFits) {
   std::vector<float> scales(size_t(32 * 512 / 16), 0.5f);
   formats::GroupedMatrix m{codes.data(), scales.data(), nullptr, 16};
   expect_pack_error(lf, s, {&m, 512, 0, 0, "fold"}, 32, "offset 0");
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 generators only";
+#endif
   // the generator: avx2 two-level byte codes only
   Problem p{IsaLevel::avx2, Epilogue::accum, false, false, 1, 64, 512, 16, 8};
   p.super = 16;
