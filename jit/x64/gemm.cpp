@@ -487,7 +487,7 @@ class GemmGenerator : public JitGenerator {
   // qgroup: for each group, zero the int32 accumulators, run its K steps, then fold them into the
   // fp32 accumulators with the group's scales (and biases) that follow its codes in the stream.
   void k_loop_qgroup(bool prefetch_next) {
-    Label group, inner, done;
+    Label group, done;
     mov(reg_gc, arg(offsetof(GemmArgs, g_per_strip)));
     if (gsum_) {
       mov(reg_gsum, arg(offsetof(GemmArgs, a_gsum)));
@@ -510,14 +510,7 @@ class GemmGenerator : public JitGenerator {
       }
       for (int m = 0; m < mr_; ++m)
         for (int v = 0; v < nv_; ++v) vpxord_any(qacc(m, v));
-      // g_steps is a multiple of 4 (G a multiple of 16): whole unrolled iterations, nibble
-      // pairs never split.
-      mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
-      L(inner);
-      for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
-      advance(kUnroll, prefetch_next);
-      sub(reg_k, kUnroll);
-      jg(inner, T_NEAR);
+      qgroup_steps(prefetch_next);
       qgroup_group_end(prefetch_next);
       dec(reg_gc);
       jnz(group, T_NEAR);
@@ -530,7 +523,7 @@ class GemmGenerator : public JitGenerator {
   // run two at a time (microkernel_qgroup_fold); at the super block's end the header's int32
   // correction comes off and one FMA by its fp32 factor folds each sum.
   void k_loop_qgroup_fold(bool prefetch_next) {
-    Label super, group, inner, done;
+    Label super, group, done;
     const Reg64 reg_cb = r12;  // bytes of a group's codes: its sub-scales follow them
     mov(reg_gc, arg(offsetof(GemmArgs, s_per_strip)));
     mov(reg_cb, arg(offsetof(GemmArgs, g_steps)));
@@ -553,17 +546,9 @@ class GemmGenerator : public JitGenerator {
           vpshufb(t, t, cpool(c_dupw_));
           vmovdqu(vmem(rsp + qf_scale_slot(v)), t);
         }
-        mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
-        L(inner);
-        for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
-        advance(kUnroll, prefetch_next);
-        sub(reg_k, kUnroll);
-        jg(inner, T_NEAR);
+        qgroup_steps(prefetch_next);
         advance_w(qg_extra_bytes());  // the sub-scales
-        if (prefetch_next) {          // the next strip's scale lines, one per group and block
-          prefetcht1(ptr[reg_pf]);
-          add(reg_pf, 64);
-        }
+        qgroup_prefetch_scales(prefetch_next);
         dec(reg_sg);
         jnz(group, T_NEAR);
       }
@@ -693,10 +678,25 @@ class GemmGenerator : public JitGenerator {
     }
     advance_w(qg_extra_bytes());
     if (gsum_) add(reg_gsum, arg(offsetof(GemmArgs, a_gsum_ld)));
-    if (prefetch_next) {  // the next strip's scale lines, one per group and block
-      prefetcht1(ptr[reg_pf]);
-      add(reg_pf, 64);
-    }
+    qgroup_prefetch_scales(prefetch_next);
+  }
+
+  // A group's K steps. g_steps is a multiple of 4 (G a multiple of 16): whole unrolled
+  // iterations, nibble pairs (and the int32 folds' step pairs) never split.
+  void qgroup_steps(bool prefetch_next) {
+    Label inner;
+    mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
+    L(inner);
+    for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
+    advance(kUnroll, prefetch_next);
+    sub(reg_k, kUnroll);
+    jg(inner, T_NEAR);
+  }
+  // At a group's end: the next strip's scale lines, one per group and block.
+  void qgroup_prefetch_scales(bool prefetch_next) {
+    if (!prefetch_next) return;
+    prefetcht1(ptr[reg_pf]);
+    add(reg_pf, 64);
   }
 
   // The codes of vector v at K step u into `dst` as the level multiplies them: bytes as stored
