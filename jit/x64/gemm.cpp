@@ -535,7 +535,7 @@ class GemmGenerator : public JitGenerator {
       mov(reg_sb, reg_w);
       advance_w(qg_header_bytes());
       for (int m = 0; m < mr_; ++m)
-        for (int v = 0; v < nv_; ++v) vpxor(qacc(m, v), qacc(m, v), qacc(m, v));
+        for (int v = 0; v < nv_; ++v) vpxord_any(qacc(m, v));
       mov(reg_sg, arg(offsetof(GemmArgs, g_per_super)));
       L(group);
       {

@@ -55,8 +55,7 @@ def test_one_real_round(tmp_path):
     args = [sys.executable, TOOL, "--rounds", "1", "--json", str(out), "--"]
     args += ["--method", "AMXINT8", "--tokens", "1", "--layers", "1", "--reps", "1"]
     args += ["--warmup", "1", "--shape", "qwen3"]
-    env = dict(os.environ)
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     s = json.loads(out.read_text())
     assert s["rounds"] == 1 and s["rows"][0]["tokens"] == 1
