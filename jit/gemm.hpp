@@ -128,10 +128,23 @@ inline bool int8_activation_offset(IsaLevel isa) {
   return int(isa) >= int(IsaLevel::avx512_vnni) && !isa_is_neon(isa);
 }
 
+// int4 kernels below the VNNI levels (avx2, avx512) multiply a + 128 (vpmaddubsw's unsigned
+// operand) by the signed nibble and add 8 K steps of pair sums in int16 lanes before widening
+// them to int32: |sum| <= 8 * 2 * 255 * 8 = 32640, never saturating. Unlike the |a| * (w *
+// sign(a)) route of the int8 kernels there is no sign step, one vpmaddwd per 8 steps instead of
+// one per step, and the nibble -8 is exact (16 * -8 = -128 has no negation in int8). The epilogue
+// turns the sums into those of 16 * q4 and takes w_comp (128 * sum of 16 * q4) off, so the int32
+// result is every level's.
+inline bool int4_int16_sums(IsaLevel isa, WeightFormat fmt) {
+  return (isa == IsaLevel::avx2 || isa == IsaLevel::avx512) && fmt == WeightFormat::int4;
+}
+constexpr int kInt4SumSteps = 8;  // K steps summed in int16 lanes (4 k each)
+
 // Whether activations reach `fmt`'s kernels at `isa` as a + 128: qgroup kernels take signed
-// bytes on every level (the codes are their unsigned operand, see above).
+// bytes on every level (the codes are their unsigned operand, see above); avx2 / avx512 int4
+// kernels take a + 128 (int4_int16_sums).
 inline bool gemm_activation_offset(IsaLevel isa, WeightFormat fmt) {
-  return fmt != WeightFormat::qgroup && int8_activation_offset(isa);
+  return (fmt != WeightFormat::qgroup && int8_activation_offset(isa)) || int4_int16_sums(isa, fmt);
 }
 // mxfp4 / mxfp8 / fp8 decode kernels of <= 2 rows on AVX-512 and of 1 row on AVX2 (whose 16
 // registers hold one row's group accumulators beside its accumulators): each scale group's

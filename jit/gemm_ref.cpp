@@ -86,6 +86,10 @@ int gemm_max_rows(IsaLevel isa, WeightFormat fmt) {
   if (fmt == WeightFormat::mxfp8) return isa == IsaLevel::avx2 ? 3 : 6;
   // fp8 decodes need two temporaries per vector: AVX2 16 registers hold 2 rows, not 3.
   if (fmt == WeightFormat::fp8) return isa == IsaLevel::avx2 ? 2 : 6;
+  // avx2 int4 (int4_int16_sums): 2 rows keep their broadcasts in registers; 3 rows (12 int16
+  // sums) reload them per vector, and those loads bound the 3-row tile (about 130 against 185
+  // Gop/s in L2 on Zen 3).
+  if (fmt == WeightFormat::int4 && isa == IsaLevel::avx2) return 2;
   return isa == IsaLevel::avx2 ? 3 : 6;
 }
 
@@ -478,7 +482,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
   const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
   const int rows = key.m_r;
-  const int32_t offset = int8_activation_offset(key.isa) ? 128 : 0;
+  const int32_t offset = gemm_activation_offset(key.isa, key.format) ? 128 : 0;
   const bool gacc = decode_group_accumulate(key) || strip_scratch_kernel(key);
   const bool dword = fp8_dword_decode(key);
   // bf16: args.k4 steps of kg k each ([k / kg][column][kg], jit/gemm.hpp bf16_kgroup); the padded

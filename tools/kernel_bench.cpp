@@ -1,5 +1,5 @@
-// Microbenchmark of one generated INT8 GEMM kernel with its weights hot in cache:
-//   build/ktjit_kernel_bench [isa] [M] [N] [K] [epilogue: store|siluup|accum]
+// Microbenchmark of one generated INT8 (or INT4) GEMM kernel with its weights hot in cache:
+//   build/ktjit_kernel_bench [isa] [M] [N] [K] [epilogue: store|siluup|accum] [int8|int4]
 // Prints Gop/s next to the same run's vpdpbusd / maddubsw peak. Speed is judged here and in
 // `kt-jit bench`, never in tests.
 #include <algorithm>
@@ -27,13 +27,15 @@ int main(int argc, char** argv) {
   const Epilogue epi = epi_s == "siluup"  ? Epilogue::siluup
                        : epi_s == "accum" ? Epilogue::accum
                                           : Epilogue::store;
+  const bool int4 = argc > 6 && std::string(argv[6]) == "int4";
   const int lanes = vec_lanes(isa);
-  auto l = formats::StripLayout::make(N, K, lanes, kStripVecs, epi == Epilogue::siluup ? 2 : 1);
+  auto l = formats::StripLayout::make(N, K, lanes, kStripVecs, epi == Epilogue::siluup ? 2 : 1,
+                                      int4 ? 4 : 8);
   std::mt19937 rng(1);
   std::vector<int8_t> q(size_t(N * K));
   AlignedBuffer wbuf(size_t(l.total_bytes()));  // the layer's weights are 64-byte aligned too
   int8_t* w = wbuf.as<int8_t>();
-  for (auto& x : q) x = int8_t(int(rng() % 255) - 127);
+  for (auto& x : q) x = int8_t(int4 ? 16 * (int(rng() % 16) - 8) : int(rng() % 255) - 127);
   std::vector<float> d(size_t(N), 0.01f), sc(size_t(l.total_cols()));
   std::vector<int32_t> comp(size_t(l.total_cols()));
   const int8_t* qs[2] = {q.data(), q.data()};
@@ -44,10 +46,11 @@ int main(int argc, char** argv) {
   std::vector<float> as(size_t(M), 0.01f), rw(size_t(M), 0.5f), out(size_t(M * l.total_cols()));
   std::vector<float*> rows;
   for (int64_t m = 0; m < M; ++m) rows.push_back(out.data() + m * l.total_cols());
-  const int mr = gemm_max_rows(isa);
+  const int mr = gemm_max_rows(isa, int4 ? WeightFormat::int4 : WeightFormat::int8);
   KernelKey key;
   key.kind = M > mr ? KernelKind::gemm_prefill : KernelKind::gemm_decode;
   key.isa = isa;
+  key.format = int4 ? WeightFormat::int4 : WeightFormat::int8;
   key.m_r = uint8_t(M > mr ? mr : M);
   key.n_vec = kStripVecs;
   key.epilogue = epi;

@@ -34,6 +34,7 @@ class GemmGenerator : public JitGenerator {
         mr_(key.m_r),
         vnni_(int(key.isa) >= int(IsaLevel::avx512_vnni)),
         int4_(key.format == WeightFormat::int4),
+        i4w_(int4_int16_sums(key.isa, key.format)),
         bf16_(key.format == WeightFormat::bf16),
         pairs_(bf16_ && (key.variant & kBf16Pairs)),
         fp8_(key.format == WeightFormat::fp8),
@@ -249,6 +250,7 @@ class GemmGenerator : public JitGenerator {
     preamble(mx_    ? kMxScaleStack + kStripVecs * 64
              : fp8_ ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
              : qg_  ? qf_scale_slot(nv_)
+             : i4w_ ? kI4AccStack + mr_ * nv_ * vec_bytes()
                     : 16);
     load_params();
     Label strip_loop, done;
@@ -334,7 +336,7 @@ class GemmGenerator : public JitGenerator {
     mov(reg_col, arg(offsetof(GemmArgs, out_col)));
     shl(reg_col, 2);
     if (qg_) return;  // qgroup constants: per block (the epilogues use their registers)
-    if (!vnni_ && !bf16_ && !fp8_ && !mx_) vmovups(ones16(), cpool(c_ones16_));
+    if (!vnni_ && !bf16_ && !fp8_ && !mx_ && !i4w_) vmovups(ones16(), cpool(c_ones16_));
     if (fp8_) {
       mov(reg_tmp, arg(offsetof(GemmArgs, w_gscale)));
       mov(qword[rsp + 8], reg_tmp);  // this strip's scale table
@@ -360,9 +362,10 @@ class GemmGenerator : public JitGenerator {
       mx_i16_avx2_constants();
     else if (mx4_ && zmm_isa() && mr_ < 6 && !sfma_)
       vmovups(Zmm(29), zword[rip + c_e2m1_]);  // e2m1 table
+    if (i4w_) vmovups(aux(), cpool(c_s4_));    // the signed-nibble table
     zero_accumulators();
     k_loop(prefetch_next);
-    if (fp8_stack_acc() || qgs2_)
+    if (fp8_stack_acc() || qgs2_ || i4w_)
       for (int m = 0; m < mr_; ++m)
         for (int v = 0; v < nv_; ++v) vmovups(acc(m, v), vmem(rsp + acc_slot(m, v)));
     epilogue();
@@ -370,13 +373,14 @@ class GemmGenerator : public JitGenerator {
 
   void zero_accumulators() {
     // fp8 pair / scratch tiles and qgroup 2-row avx2 tiles: the fp32 accumulators wait on the
-    // stack; the registers hold the group sums
-    if (fp8_stack_acc() || qgs2_) {
+    // stack; the registers hold the group sums (avx2 int4: the int32 sums on the stack, the int16
+    // sums in the registers)
+    if (fp8_stack_acc() || qgs2_ || i4w_) {
       const Xmm z = vreg(num_vregs() - 1);
       vpxord_any(z);
       for (int m = 0; m < mr_; ++m)
         for (int v = 0; v < nv_; ++v) vmovups(vmem(rsp + acc_slot(m, v)), z);
-      return;
+      if (!i4w_) return;
     }
     for (int m = 0; m < mr_; ++m)
       for (int v = 0; v < nv_; ++v) {
@@ -822,6 +826,10 @@ class GemmGenerator : public JitGenerator {
   }
 
   void k_loop(bool prefetch_next) {
+    if (i4w_) {
+      k_loop_int4w(prefetch_next);
+      return;
+    }
     if (qg_) {
       if (qgf_)
         k_loop_qgroup_fold(prefetch_next);
@@ -882,6 +890,75 @@ class GemmGenerator : public JitGenerator {
     L(done);
   }
 
+  // avx2 int4 (int4_int16_sums): kInt4SumSteps K steps at a time add their vpmaddubsw pair sums
+  // in the int16 accumulator registers, then int4w_flush widens them into the int32 sums on the
+  // stack; the tail (an even number of steps below kInt4SumSteps) likewise.
+  static constexpr int kI4AccStack = 16;
+  void k_loop_int4w(bool prefetch_next) {
+    Label loop, tail, tail_loop, done;
+    mov(reg_k, arg(offsetof(GemmArgs, k4)));
+    cmp(reg_k, kInt4SumSteps);
+    jl(tail, T_NEAR);
+    L(loop);
+    {
+      for (int u = 0; u < kInt4SumSteps; ++u) microkernel(u, prefetch_next);
+      advance(kInt4SumSteps, prefetch_next);
+      int4w_flush();
+      sub(reg_k, kInt4SumSteps);
+      cmp(reg_k, kInt4SumSteps);
+      jge(loop, T_NEAR);
+    }
+    L(tail);
+    test(reg_k, reg_k);
+    jle(done, T_NEAR);
+    L(tail_loop);
+    {
+      for (int u = 0; u < 2; ++u) microkernel(u, prefetch_next);  // k4 is even: whole pairs
+      advance(2, prefetch_next);
+      sub(reg_k, 2);
+      jnz(tail_loop, T_NEAR);
+    }
+    int4w_flush();
+    L(done);
+  }
+  // int32 sum += vpmaddwd(int16 sums, ones); the int16 sums start again at zero.
+  void int4w_flush() {
+    const Xmm t = ones16();  // free: these kernels take the ones from memory
+    for (int m = 0; m < mr_; ++m)
+      for (int v = 0; v < nv_; ++v) {
+        const Address slot = vmem(rsp + acc_slot(m, v));
+        vpmaddwd(t, acc(m, v), cpool(c_ones16_));
+        vpaddd(t, t, slot);
+        vmovups(slot, t);
+        vpxord_any(acc(m, v));
+      }
+  }
+  // One K step: each vector's nibbles (low nibble: even step, high: odd) become signed bytes
+  // through the table in aux() and meet every row's a + 128, broadcast into its own register
+  // where the tile leaves them free (avx2: its 2-row tiles; zmm: <= 5 rows), else reloaded per
+  // vector; |pair| <= 2 * 255 * 8 = 4080.
+  void microkernel_int4w(int u) {
+    const Xmm w = tmp(0), t = ones16();
+    const bool held = mr_ * nv_ + mr_ <= num_vregs() - 4;
+    auto row = [&](int m) { return held ? vreg(mr_ * nv_ + m) : bcast(); };
+    if (held)
+      for (int m = 0; m < mr_; ++m) vpbroadcastd(row(m), dword[a_row(m) + 4 * u]);
+    for (int v = 0; v < nv_; ++v) {
+      vmovups(w, weight_mem(v, u));
+      if (u % 2) vpsrlw(w, w, 4);
+      if (zmm_isa())
+        vpandd(w, w, cpool(c_0f_));
+      else
+        vpand(w, w, cpool(c_0f_));
+      vpshufb(w, aux(), w);
+      for (int m = 0; m < mr_; ++m) {
+        if (!held) vpbroadcastd(row(m), dword[a_row(m) + 4 * u]);
+        vpmaddubsw(t, row(m), w);
+        vpaddw(acc(m, v), acc(m, v), t);
+      }
+    }
+  }
+
   // bf16 pairs (vdpbf16ps): reg_w walks the strip ([k/2][column][2], nv_ * 64 bytes a pair; fp8
   // pair prefill: the scratch it decoded the strip into),
   // reg_a / reg_a3 the bf16 activation rows (4 bytes a pair). Per pair: the strip's vectors into
@@ -929,6 +1006,10 @@ class GemmGenerator : public JitGenerator {
   // One K step (`u` steps past the pointers): 4 k for every (row, vector) of the tile.
   void microkernel(int u, bool prefetch_next) {
     if (prefetch_next && u % 2 == 0) prefetcht1(ptr[reg_pf + u / 2 * 64]);
+    if (i4w_) {
+      microkernel_int4w(u);
+      return;
+    }
     if (bf16_) {
       microkernel_bf16(u);
       return;
@@ -1017,7 +1098,9 @@ class GemmGenerator : public JitGenerator {
   // group sums in the accumulator registers, so 2 rows x 4 vectors fit the 16 ymm registers.
   static constexpr int kQgAccStack = 16;
   int acc_slot(int m, int v) const {
-    return qgs2_ ? kQgAccStack + (m * nv_ + v) * 64 : fp8_acc_slot(m, v);
+    return qgs2_  ? kQgAccStack + (m * nv_ + v) * 64
+           : i4w_ ? kI4AccStack + (m * nv_ + v) * vec_bytes()
+                  : fp8_acc_slot(m, v);
   }
   // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there), others on the stack
   // (strip-scratch kernels too: the bf16 microkernel's odd-k mask is zmm29).
@@ -1596,7 +1679,8 @@ class GemmGenerator : public JitGenerator {
           vmulps(acc(m, v), t, acc(m, v));
           continue;
         }
-        if (vnni_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + v * vec_bytes()));
+        if (i4w_) vpslld(acc(m, v), acc(m, v), 4);  // sums of 16 * q4 as the other levels'
+        if (vnni_ || i4w_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + v * vec_bytes()));
         vcvtdq2ps(acc(m, v), acc(m, v));
         vmulps(t, s, vmem(reg_wscale + v * vec_bytes()));
         vmulps(acc(m, v), t, acc(m, v));
@@ -1724,6 +1808,8 @@ class GemmGenerator : public JitGenerator {
     static_assert(formats::kMxI16CodeOffset == 12 + 12 * 256);
     L(c_e2m1_b_);  // 2 * e2m1 + 12 as bytes for every nibble (AVX2 vpshufb, unsigned)
     for (int i = 0; i < 16; ++i) db(uint8_t(int(2.0f * mx_e2m1(uint8_t(i))) + 12));
+    L(c_s4_);  // a nibble's two's-complement value as a byte, in both 128-bit lanes
+    for (int i = 0; i < 64; ++i) db(uint8_t(int8_t(((i & 15) ^ 8) - 8)));
     L(c_000f_);
     for (int i = 0; i < 16; ++i) dw(0x000f);
     if (fp8p_) emit_fp8_pair_constants();
@@ -1757,7 +1843,9 @@ class GemmGenerator : public JitGenerator {
 
   const KernelKey key_;
   const int lanes_, nv_, mr_;
-  const bool vnni_, int4_, bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;
+  const bool vnni_, int4_;
+  const bool i4w_;  // avx2 int4: a + 128 times the signed nibble, int16 sums (int4_int16_sums)
+  const bool bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;
   const bool qg_, qg4_, qgb_, qgo_, qgs_;
   const int qgh_;    // 16-bit scales: 1 fp16, 2 bf16
   const bool qgs2_;  // avx2 tiles of 2 rows: fp32 accumulators on the stack (acc_slot)
@@ -1779,7 +1867,7 @@ class GemmGenerator : public JitGenerator {
     for (int m = 0; m < mr_; ++m)
       for (int v = 0; v < nv_; ++v) vpxord_any(gacc(m, v));
   }
-  Label c_dupw_, c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_,
+  Label c_s4_, c_dupw_, c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_,
       c_fp8_lut_[2], c_fp8_idx_[2];
   Label c_f2p56_, c_f2p64_, c_e4m3_dw_;
   Label c_ones16_, c_f256_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_,

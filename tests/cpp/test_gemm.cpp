@@ -27,6 +27,9 @@ struct Problem {
   // fp8: run strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel) even where the executor does
   // not pick them (avx512, avx512_vnni); where it does (avx2, K even) they run anyway.
   bool scratch_tiles = false;
+  // Every weight at its most negative code and every activation 127 (a + 128 = 255 where the
+  // level offsets them): the largest int16 / int32 partial sums a kernel can meet.
+  bool extreme = false;
   // fp8 at avx512_bf16 with K even runs the kBf16Pairs kernels (bf16 activations) as the executor
   // does (jit/gemm.hpp fp8_pair_kernel): prefill blocks of 6 rows and a decode remainder of 1-4
   // rows (the executor pads the rows to whole blocks; a remainder of 5 would be fp32 here).
@@ -109,7 +112,9 @@ Packed make_weights(const Problem& p) {
   for (int s = 0; s < sources; ++s) {
     pk.q.emplace_back(size_t(p.N * p.K));
     pk.d.emplace_back(size_t(p.N));
-    for (auto& x : pk.q.back()) x = int8_t(int4 ? 16 * (qd(rng) % 8) : qd(rng));  // 16*[-7,7]
+    for (auto& x : pk.q.back())  // int4: 16 * [-8, 7]; `extreme`: the largest products
+      x = p.extreme ? int8_t(int4 ? -128 : -127)
+                    : int8_t(int4 ? 16 * (int(rng() % 16) - 8) : qd(rng));
     for (auto& x : pk.d.back()) x = sd(rng);
   }
   const int8_t* qs[2] = {pk.q[0].data(), pk.q.back().data()};
@@ -237,10 +242,11 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
       } else if (bf16)
         std::memcpy(&a[size_t(m * lda + k * 4)], &af[size_t(m * p.K + k)], 4);
       else
-        a[size_t(m * lda + k)] = int8_t(qd(rng));
+        a[size_t(m * lda + k)] = int8_t(p.extreme ? 127 : qd(rng));
     }
   std::vector<int8_t> a_signed = a;
-  if (!bf16 && int8_activation_offset(p.isa)) formats::flip_sign_bits(a.data(), int64_t(a.size()));
+  if (!bf16 && gemm_activation_offset(p.isa, p.fmt))
+    formats::flip_sign_bits(a.data(), int64_t(a.size()));
   std::vector<float> as = test::random_floats(size_t(p.M), p.seed + 2, 0.01f);
   for (auto& x : as) x = std::fabs(x) + 1e-3f;
   std::vector<float> rw = test::random_floats(size_t(p.M), p.seed + 3, 1.0f);
@@ -298,6 +304,36 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
         ASSERT_EQ(want, ref.rows[size_t(m)][n]) << p.repro() << " m=" << m << " n=" << n;
       }
   }
+}
+
+// avx2 int4 kernels add kInt4SumSteps K steps of (a + 128) * q4 pair sums in int16 lanes: at
+// a = 127 and q4 = -8 every pair is -4080 and 8 steps reach -32640, one step short of wrapping.
+// A kernel that summed more steps, or saturated, fails the bitwise check against the twin and
+// the twin's against exact int64 math.
+TEST(Gemm, Int4Int16SumsAtTheirBound) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 kernels";
+#endif
+  ASSERT_TRUE(int4_int16_sums(IsaLevel::avx2, WeightFormat::int4));
+  ASSERT_TRUE(int4_int16_sums(IsaLevel::avx512, WeightFormat::int4));
+  ASSERT_FALSE(int4_int16_sums(IsaLevel::avx512_vnni, WeightFormat::int4));
+  ASSERT_TRUE(gemm_activation_offset(IsaLevel::avx2, WeightFormat::int4));
+  ASSERT_FALSE(gemm_activation_offset(IsaLevel::avx2, WeightFormat::int8));
+  size_t ran = 0;
+  uint32_t seed = 900;
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    if (!int4_int16_sums(isa, WeightFormat::int4)) continue;
+    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+      for (int64_t M : {1, 2, 3, 8, 13})
+        for (int64_t K : {32, 64, 130, 256}) {
+          Problem p{isa, WeightFormat::int4, epi, M, 40, K, seed++};
+          p.extreme = true;
+          check_problem(p, nullptr);
+          if (HasFatalFailure()) return;
+          ++ran;
+        }
+  }
+  if (ran == 0) GTEST_SKIP() << "this CPU runs neither avx2 nor avx512 kernels";
 }
 
 TEST(Gemm, SweepMatchesReferenceBitwise) {
