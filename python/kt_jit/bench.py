@@ -127,10 +127,12 @@ GGUF_MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}  # gate/up type, down type
 INT4_GROUP = {"RAWINT4": 32, "GPTQ_INT4": 128}
 INT4_SCALE = {"RAWINT4": "bf16", "GPTQ_INT4": "f16"}  # the checkpoints' scale dtypes
 QGROUP_METHODS = ("LLAMAFILE", "RAWINT4", "GPTQ_INT4")
-#: qgroup kernel names that add vpmaddubsw's pair sums in int16 lanes: int16 group sums
-#: (jit/kernel.hpp kQGroupI16: "qg4bu0iws", "qg4u8iwh16") and int32 super-block folds
-#: (kQGroupIntFold: "qg8fs", two K steps per lane)
-_INT16_SUMS = re.compile(r"_qg[48]b?(u\d+i?w|f)")
+#: Kernel names that add vpmaddubsw's pair sums in int16 lanes: qgroup int16 group sums
+#: (jit/kernel.hpp kQGroupI16: "qg4bu0iws", "qg4u8iwh16"), int32 super-block folds
+#: (kQGroupIntFold: "qg8fs", two K steps per lane) and the int4 kernels below the VNNI levels
+#: (jit/gemm.hpp int4_int16_sums: 8 K steps per lane)
+_INT16_SUMS = re.compile(r"_qg[48]b?(u\d+i?w|f)|_int4_avx(2|512)_")
+INT4_METHODS = ("AMXINT4", "MOE_INT4")
 MX_METHODS = ("MXFP4", "MXFP8")
 
 
@@ -973,10 +975,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         flush=True,
     )
 
-    # qgroup layers whose every kernel adds int16 lanes (Q4_0, Q4_K, RAWINT4 G32, Q6_K's int32
-    # folds, Q4_K_M at avx2) run vpmaddubsw + vpaddw, not the three-instruction chain: that pair's
-    # peak is their roof.
-    if args.method in QGROUP_METHODS and not vnni and lim.get("peak_maddubsw_w_gops"):
+    # Layers whose every kernel adds int16 lanes (qgroup: Q4_0, Q4_K, RAWINT4 G32, Q6_K's int32
+    # folds, Q4_K_M at avx2; AMXINT4 / MOE_INT4 at avx2 and avx512) run vpmaddubsw + vpaddw, not
+    # the three-instruction chain: that pair's peak is their roof.
+    int16_lanes = args.method in QGROUP_METHODS or args.method in INT4_METHODS
+    if int16_lanes and not vnni and lim.get("peak_maddubsw_w_gops"):
         names = layers[0].kernel_names()
         if names and all(_INT16_SUMS.search(n) for n in names):
             peak_name, peak_key = "vpmaddubsw+vpaddw", "peak_maddubsw_w_gops"

@@ -265,3 +265,23 @@ def test_llamacpp_ratios_table_and_issue4_check():
     assert "Q4_K gate/up in CPU_REPACK, Q6_K down in CPU" in md and "0.015" in md
     md = "\n".join(bench._peers_markdown({"llamacpp": {"skipped": "no ggml"}}, [], None, H, I))
     assert "llama.cpp: skipped (no ggml)" in md
+
+
+def test_int16_lane_kernels_take_the_vpmaddubsw_vpaddw_roof():
+    # Kernels that add vpmaddubsw pair sums in int16 lanes are measured against that pair's peak
+    # only when every kernel of the layer does (bench.main checks all names).
+    int16 = [
+        "gemm_prefill_qg4bu0iws_avx2_m2n32_siluup",
+        "gemm_prefill_qg8fs_avx2_m2n32_accum",
+        "gemm_prefill_int4_avx2_m2n32_siluup",
+        "gemm_decode_int4_avx512_m1n64_accum",
+    ]
+    chain = [
+        "gemm_prefill_int8_avx2_m3n32_siluup",
+        "gemm_decode_int4_avx512vnni_m1n64_accum",
+        "gemm_prefill_int4_avx512bf16_m6n64_siluup",
+        "gemm_prefill_qg8u32s_avx2_m2n32_store",
+    ]
+    assert all(bench._INT16_SUMS.search(n) for n in int16)
+    assert not any(bench._INT16_SUMS.search(n) for n in chain)
+    assert "AMXINT4" in bench.INT4_METHODS and "MOE_INT4" in bench.INT4_METHODS
