@@ -133,7 +133,9 @@ bool qgroup_int16_sums(const GroupedSpec& spec, int c0) {
     hi = -128;
     for (int8_t v : spec.lut) hi = std::max(hi, int(v));
   }
-  return (spec.group / 2) * int64_t(hi + c0) * 127 <= 32767;
+  // a lane adds G / 2 products, or 16 where the kernels widen every kQGroupI16Steps K steps
+  const int64_t products = std::min<int64_t>(spec.group, 4 * kQGroupI16Steps) / 2;
+  return products * int64_t(hi + c0) * 127 <= 32767;
 }
 
 bool qgroup_int_fold(const GroupedSpec& spec) {

@@ -123,10 +123,13 @@ void qgroup_kernel_lut(const GroupedSpec& spec, int offset, int8_t out[16]);
 // the whole byte).
 int qgroup_code_offset(const GroupedSpec& spec);
 
-// Whether offset codes with offset c0 (>= 0) let a whole group accumulate in int16 lanes
-// (jit/kernel.hpp kQGroupI16): each lane sums group / 2 products of a stored code (code + c0, at
-// most the largest) and an activation in [-127, 127], so (group / 2) * max(code + c0) * 127 must
-// stay within 32767. True for Q4_0 / Q4_1 / Q4_K / RAWINT4 G32 (15), Q2_K and Q3_K (G 16).
+// Whether offset codes with offset c0 (>= 0) let a group accumulate in int16 lanes (jit/kernel.hpp
+// kQGroupI16): each lane sums the products of a stored code (code + c0, at most the largest) and
+// an activation in [-127, 127], two a K step, and the kernels widen the lanes into int32 every
+// kQGroupI16Steps K steps of a longer group, so min(group, 32) / 2 * max(code + c0) * 127 must
+// stay within 32767. True for Q4_0 / Q4_1 / Q4_K / RAWINT4 and GPTQ_INT4 at any group of 32 or
+// more (15), Q2_K and Q3_K (G 16).
+constexpr int kQGroupI16Steps = 8;
 bool qgroup_int16_sums(const GroupedSpec& spec, int c0);
 
 // Whether the spec allows int32 super-block folds (GroupedSpec::int_fold, jit/kernel.hpp

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "formats/convert.hpp"
+#include "formats/grouped.hpp"
 #include "formats/mx.hpp"
 #include "jit/amx_model.hpp"
 #include "jit/bits.hpp"
@@ -188,7 +189,8 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   const int half = key.variant & kQGroupF16 ? 1 : key.variant & kQGroupBf16 ? 2 : 0;
   // int16 group sums (kQGroupI16): per column two int16 lanes (k pairs j = 0,1 and 2,3 of each
   // step), each step's pair sum saturated to int16 (vpmaddubsw) and added with wrap-around
-  // (vpaddw), the lanes widened and summed once per group
+  // (vpaddw), the lanes widened into the group's int32 sum every kQGroupI16Steps K steps and at
+  // its end
   const bool words = key.variant & kQGroupI16;
   // identity table (kQGroupIdentity): the nibble is the stored code, GemmArgs::lut unread
   const bool ident = key.variant & kQGroupIdentity;
@@ -293,8 +295,12 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
                     int16_t(uint16_t(lane[j / 2]) + uint16_t(std::clamp(pair, -32768, 32767)));
               else
                 acc += pair;
+              if (words && j == 2 && (st + 1) % formats::kQGroupI16Steps == 0) {
+                acc += int32_t(lane[0]) + lane[1];
+                lane[0] = lane[1] = 0;
+              }
             }
-          if (words) acc = int32_t(lane[0]) + lane[1];
+          if (words) acc += int32_t(lane[0]) + lane[1];
           if (flip) acc -= 128 * gs;
           if (offset) acc -= c0 * gs;
           t = std::fma(factor(w, g, n, 0), float(acc), t);

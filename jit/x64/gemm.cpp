@@ -14,6 +14,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "formats/grouped.hpp"
 #include "formats/mx.hpp"
 #include "jit/gemm.hpp"
 #include "jit/x64/generator.hpp"
@@ -249,7 +250,7 @@ class GemmGenerator : public JitGenerator {
   void generate() {
     preamble(mx_    ? kMxScaleStack + kStripVecs * 64
              : fp8_ ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
-             : qg_  ? qf_scale_slot(nv_)
+             : qg_  ? qf_scale_slot(nv_) + (qgw_ ? mr_ * nv_ * vec_bytes() : 0)
              : i4w_ ? kI4AccStack + mr_ * nv_ * vec_bytes()
                     : 16);
     load_params();
@@ -500,6 +501,12 @@ class GemmGenerator : public JitGenerator {
     test(reg_gc, reg_gc);
     jle(done, T_NEAR);
     if (qgs_) xor_(reg_sg.cvt32(), reg_sg.cvt32());
+    if (qgw_) {  // the int32 parts start at zero (each group end that used them zeroes them)
+      const Xmm z = qend_tmp(0);
+      vpxord_any(z);
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) vmovups(vmem(rsp + qw_part_slot(m, v)), z);
+    }
     L(group);
     {
       if (qgs_) {  // a new super block: its header (the fp32 factors) is read by each group end
@@ -599,6 +606,9 @@ class GemmGenerator : public JitGenerator {
   int qf_scale_slot(int v) const {
     return (qgs2_ ? kQgAccStack + mr_ * nv_ * 64 : 16) + (qgf_ ? v * 32 : 0);
   }
+  // int16 group sums (kQGroupI16): the int32 part of (row m, vector v)'s group sum that groups of
+  // more than kQGroupI16Steps K steps widen into on the way, above the other slots.
+  int qw_part_slot(int m, int v) const { return qf_scale_slot(nv_) + (m * nv_ + v) * vec_bytes(); }
 
   void vpxord_any(const Xmm& x) {
     if (zmm_isa())
@@ -643,6 +653,21 @@ class GemmGenerator : public JitGenerator {
   // become fp32 (s_g kept for the bias term), then each scale (bias) vector is built once for all
   // rows of the tile.
   void qgroup_group_end(bool prefetch_next) {
+    if (qgw_) {  // the int16 lanes' sums in int32, plus the parts a long group widened on the way
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) vpmaddwd(qacc(m, v), qacc(m, v), qones());
+      Label whole;
+      cmp(arg(offsetof(GemmArgs, g_steps)), formats::kQGroupI16Steps);
+      jle(whole, T_NEAR);
+      const Xmm z = qend_tmp(0);
+      vpxord_any(z);
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) {
+          vpaddd(qacc(m, v), qacc(m, v), vmem(rsp + qw_part_slot(m, v)));
+          vmovups(vmem(rsp + qw_part_slot(m, v)), z);
+        }
+      L(whole);
+    }
     int shift = vnni_ ? 7 : -1;
     for (int b = 0; qc0_ >> b; ++b) shift = b;  // log2(c0) (a power of two)
     const int kept = qgb_ ? mr_ : 0;            // qend_tmp(m): row m's s_g as fp32
@@ -653,7 +678,6 @@ class GemmGenerator : public JitGenerator {
       if (shift >= 0) vpslld(gc, gs, uint8_t(shift));
       if (qgb_) vcvtdq2ps(gs, gs);
       for (int v = 0; v < nv_; ++v) {
-        if (qgw_) vpmaddwd(qacc(m, v), qacc(m, v), qones());  // the int16 lanes' sums, in int32
         if (shift >= 0) vpsubd(qacc(m, v), qacc(m, v), gc);
         vcvtdq2ps(qacc(m, v), qacc(m, v));
       }
@@ -690,6 +714,31 @@ class GemmGenerator : public JitGenerator {
   void qgroup_steps(bool prefetch_next) {
     Label inner;
     mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
+    if (qgw_) {  // int16 lanes: kQGroupI16Steps steps, then (group not done) widen into the parts
+      static_assert(formats::kQGroupI16Steps == 2 * kUnroll);
+      Label eight, last4, end;
+      L(eight);
+      cmp(reg_k, formats::kQGroupI16Steps);
+      jl(last4, T_NEAR);
+      for (int u = 0; u < formats::kQGroupI16Steps; ++u) microkernel(u, prefetch_next);
+      advance(formats::kQGroupI16Steps, prefetch_next);
+      sub(reg_k, formats::kQGroupI16Steps);
+      jle(end, T_NEAR);
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) {
+          const Xmm t = qend_tmp(0);
+          vpmaddwd(t, qacc(m, v), qones());
+          vpaddd(t, t, vmem(rsp + qw_part_slot(m, v)));
+          vmovups(vmem(rsp + qw_part_slot(m, v)), t);
+          vpxord_any(qacc(m, v));
+        }
+      jmp(eight, T_NEAR);
+      L(last4);  // g_steps is a multiple of 4: a group's last 4 steps
+      for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
+      advance(kUnroll, prefetch_next);
+      L(end);
+      return;
+    }
     L(inner);
     for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
     advance(kUnroll, prefetch_next);

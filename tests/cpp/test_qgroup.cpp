@@ -56,6 +56,9 @@ struct Problem {
   // formats::qgroup_int_fold allows): byte codes in [-32, 31] (Q6_K) or [-32, 32], activations
   // given to the kernels as a + 128
   bool fold = false;
+  // Every code at the table's last entry (bytes: the range's top) and every activation 127: the
+  // largest sums an int16 lane meets.
+  bool extreme = false;
   int lut() const { return int(seed % 4); }
   std::pair<int, int> byte_range() const {
     if (fold) return (seed / 8) % 2 ? std::make_pair(-32, 31) : std::make_pair(-32, 32);
@@ -142,7 +145,9 @@ Packed make_weights(const Problem& p) {
   for (auto& s : pk.src) {
     s.codes.resize(size_t(p.N * p.K));
     for (auto& c : s.codes) c = p.nib ? kLuts[p.lut()][nib(rng)] : int8_t(code(rng));
-    if (!p.nib) {  // the extremes always present
+    if (p.extreme)
+      for (auto& c : s.codes) c = p.nib ? kLuts[p.lut()][15] : int8_t(hi);
+    if (!p.nib && !p.extreme) {  // the extremes always present
       s.codes[0] = int8_t(lo);
       s.codes.back() = int8_t(hi);
       s.codes[s.codes.size() / 2] = int8_t(lo);
@@ -274,6 +279,9 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
     for (int64_t k = 0; k < p.K; ++k) x.a[size_t(m * x.lda + k)] = int8_t(qd(rng));
   x.a[0] = 127;
   x.a[size_t(x.lda - 9)] = -127;
+  if (p.extreme)
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t k = 0; k < p.K; ++k) x.a[size_t(m * x.lda + k)] = 127;
   // what the kernels read: int32 fold kernels take a + 128 (XOR 0x80), as the executor stores it
   Acts xk = x;
   if (p.fold)
@@ -490,6 +498,33 @@ TEST(QGroup, KernelNamesSpellTheVariant) {
                std::invalid_argument);
 }
 
+// Groups longer than kQGroupI16Steps K steps widen their int16 lanes into int32 on the way: at
+// codes + c0 = 15 and activations 127 every step adds 3810 to a lane, so 8 steps reach 30480 and 16
+// would wrap. Every tile, both nibble orders of a step pair, G 48 / 64 / 128, against the twin
+// bit for bit and the twin against exact math (check_problem).
+TEST(QGroup, Int16SumsWidenInLongGroups) {
+  size_t ran = 0;
+  uint32_t seed = 4000;  // seed % 4 == 0: the q - 8 table (RAWINT4, GPTQ_INT4, Q4_0)
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    if (qgroup_flip_codes(isa)) continue;  // offset codes are the levels below VNNI
+    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+      for (int64_t G : {48, 64, 128})
+        for (int64_t M : {1, 2, 3, 7}) {
+          Problem p{isa, epi, true, false, M, 40, 3 * G, G, seed};
+          seed += 4;
+          p.offset = true;
+          p.extreme = true;
+          ASSERT_EQ(p.c0(), 8);
+          p.words = formats::qgroup_int16_sums(p.spec(), p.c0());
+          ASSERT_TRUE(p.words) << G;
+          check_problem(p, nullptr);
+          if (HasFatalFailure()) return;
+          ++ran;
+        }
+  }
+  if (ran == 0) GTEST_SKIP() << "this CPU runs no level below VNNI";
+}
+
 // Where a group's int16 lanes cannot overflow: (G / 2) * max(code + c0) * 127 <= 32767.
 TEST(QGroup, Int16SumsOnlyWhereTheyFit) {
   formats::GroupedSpec s;
@@ -497,8 +532,11 @@ TEST(QGroup, Int16SumsOnlyWhereTheyFit) {
   std::memcpy(s.lut, kLuts[0], 16);  // -8 .. 7, c0 8: stored 0 .. 15
   s.group = 32;
   EXPECT_TRUE(formats::qgroup_int16_sums(s, formats::qgroup_code_offset(s)));  // 16 * 15 * 127
-  s.group = 64;
-  EXPECT_FALSE(formats::qgroup_int16_sums(s, 8));  // 32 * 15 * 127 = 60960
+  s.group = 64;  // a lane widens every kQGroupI16Steps steps: 16 products, not 32
+  EXPECT_TRUE(formats::qgroup_int16_sums(s, 8));
+  s.group = 128;
+  EXPECT_TRUE(formats::qgroup_int16_sums(s, 8));
+  EXPECT_FALSE(formats::qgroup_int16_sums(s, 16));  // 16 * 23 * 127 = 46736
   s.group = 32;
   EXPECT_FALSE(formats::qgroup_int16_sums(s, -1));  // no offset codes
   s.code_bits = 8;
