@@ -374,8 +374,8 @@ class GemmGenerator : public JitGenerator {
 
   void zero_accumulators() {
     // fp8 pair / scratch tiles and qgroup 2-row avx2 tiles: the fp32 accumulators wait on the
-    // stack; the registers hold the group sums (avx2 int4: the int32 sums on the stack, the int16
-    // sums in the registers)
+    // stack; the registers hold the group sums (int4 below VNNI: the int32 sums on the stack, the
+    // int16 sums in the registers)
     if (fp8_stack_acc() || qgs2_ || i4w_) {
       const Xmm z = vreg(num_vregs() - 1);
       vpxord_any(z);
@@ -725,13 +725,8 @@ class GemmGenerator : public JitGenerator {
       sub(reg_k, formats::kQGroupI16Steps);
       jle(end, T_NEAR);
       for (int m = 0; m < mr_; ++m)
-        for (int v = 0; v < nv_; ++v) {
-          const Xmm t = qend_tmp(0);
-          vpmaddwd(t, qacc(m, v), qones());
-          vpaddd(t, t, vmem(rsp + qw_part_slot(m, v)));
-          vmovups(vmem(rsp + qw_part_slot(m, v)), t);
-          vpxord_any(qacc(m, v));
-        }
+        for (int v = 0; v < nv_; ++v)
+          widen_int16_sums(qacc(m, v), qones(), rsp + qw_part_slot(m, v), qend_tmp(0));
       jmp(eight, T_NEAR);
       L(last4);  // g_steps is a multiple of 4: a group's last 4 steps
       for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
@@ -939,9 +934,9 @@ class GemmGenerator : public JitGenerator {
     L(done);
   }
 
-  // avx2 int4 (int4_int16_sums): kInt4SumSteps K steps at a time add their vpmaddubsw pair sums
-  // in the int16 accumulator registers, then int4w_flush widens them into the int32 sums on the
-  // stack; the tail (an even number of steps below kInt4SumSteps) likewise.
+  // int4 below the VNNI levels (int4_int16_sums): kInt4SumSteps K steps at a time add their
+  // vpmaddubsw pair sums in the int16 accumulator registers, then widen them into the int32 sums
+  // on the stack; the tail (an even number of steps below kInt4SumSteps) likewise.
   static constexpr int kI4AccStack = 16;
   void k_loop_int4w(bool prefetch_next) {
     Label loop, tail, tail_loop, done;
@@ -970,17 +965,18 @@ class GemmGenerator : public JitGenerator {
     int4w_flush();
     L(done);
   }
-  // int32 sum += vpmaddwd(int16 sums, ones); the int16 sums start again at zero.
   void int4w_flush() {
-    const Xmm t = ones16();  // free: these kernels take the ones from memory
-    for (int m = 0; m < mr_; ++m)
-      for (int v = 0; v < nv_; ++v) {
-        const Address slot = vmem(rsp + acc_slot(m, v));
-        vpmaddwd(t, acc(m, v), cpool(c_ones16_));
-        vpaddd(t, t, slot);
-        vmovups(slot, t);
-        vpxord_any(acc(m, v));
-      }
+    for (int m = 0; m < mr_; ++m)  // ones16() is free: these kernels take the ones from memory
+      for (int v = 0; v < nv_; ++v)
+        widen_int16_sums(acc(m, v), cpool(c_ones16_), rsp + acc_slot(m, v), ones16());
+  }
+  // The int32 sum at `slot` += vpmaddwd(int16 sums, ones) (through `t`); the int16 sums start
+  // again at zero. int4 K loops and long qgroup groups (kQGroupI16) widen their lanes with it.
+  void widen_int16_sums(const Xmm& sums, const Operand& ones, const RegExp& slot, const Xmm& t) {
+    vpmaddwd(t, sums, ones);
+    vpaddd(t, t, vmem(slot));
+    vmovups(vmem(slot), t);
+    vpxord_any(sums);
   }
   // One K step: each vector's nibbles (low nibble: even step, high: odd) become signed bytes
   // through the table in aux() and meet every row's a + 128, broadcast into its own register
