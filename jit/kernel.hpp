@@ -63,11 +63,13 @@ constexpr uint8_t kQGroupSuper = 8;
 // same bits (GroupedSpec::scale_dtype). Not with kQGroupSuper.
 constexpr uint16_t kQGroupF16 = 0x100;
 constexpr uint16_t kQGroupBf16 = 0x200;
-// Offset-code kernels at avx2 whose group's int16 lanes cannot overflow: each vpmaddubsw pair sum
-// is added into an int16 lane with vpaddw (one instruction instead of vpmaddwd + vpaddd) and the
-// lanes are widened to int32 once per group (vpmaddwd with ones). Set only where G / 2 products of
-// the largest stored code and |a| <= 127 fit int16 (formats::qgroup_int16_sums: G 32 with 4-bit
-// codes, Q2_K / Q3_K's G 16), so the group sums, and the results, are the same bits.
+// Offset-code kernels below the VNNI levels whose int16 lanes cannot overflow: each vpmaddubsw
+// pair sum is added into an int16 lane with vpaddw (one instruction instead of vpmaddwd + vpaddd)
+// and the lanes are widened to int32 (vpmaddwd with ones) at the group's end and, in a group of
+// more than formats::kQGroupI16Steps K steps, every that many steps into a part on the stack. Set
+// only where the products a lane adds between widenings, of the largest stored code and
+// |a| <= 127, fit int16 (formats::qgroup_int16_sums: 4-bit codes at any group, Q2_K / Q3_K's
+// G 16), so the group sums, and the results, are the same bits.
 constexpr uint16_t kQGroupI16 = 0x400;
 // Offset nibble codes whose table (+ c0) is 0, 1, ..., 15 (Q4_0, Q4_1, Q4_K, RAWINT4, GPTQ_INT4,
 // Q2_K, Q3_K): the nibble is the stored code, so the kernels skip the table lookup (vpshufb) and
