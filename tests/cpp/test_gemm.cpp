@@ -306,8 +306,9 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
   }
 }
 
-// avx2 int4 kernels add kInt4SumSteps K steps of (a + 128) * q4 pair sums in int16 lanes: at
-// a = 127 and q4 = -8 every pair is -4080 and 8 steps reach -32640, one step short of wrapping.
+// avx2 / avx512 int4 kernels add kInt4SumSteps K steps of (a + 128) * q4 pair sums in int16
+// lanes: at a = 127 and q4 = -8 every pair is -4080 and 8 steps reach -32640, one step short of
+// wrapping.
 // A kernel that summed more steps, or saturated, fails the bitwise check against the twin and
 // the twin's against exact int64 math.
 TEST(Gemm, Int4Int16SumsAtTheirBound) {
