@@ -130,9 +130,12 @@ void ThreadPool::worker(int pool, int tid) {
   }
 }
 
-void ThreadPool::fail(std::exception_ptr e) {
+void ThreadPool::fail(std::exception_ptr e, int flat_tid) {
   std::lock_guard<std::mutex> lock(err_mu_);
-  if (!error_) error_ = e;
+  if (!error_ || flat_tid < error_tid_) {  // the lowest thread's: its items come first
+    error_ = e;
+    error_tid_ = flat_tid;
+  }
   failed_.store(true, std::memory_order_release);
 }
 
@@ -151,7 +154,7 @@ void ThreadPool::call(int pool, int tid) {
     }
   } catch (const JobAborted&) {
   } catch (...) {
-    fail(std::current_exception());
+    fail(std::current_exception(), flat_offset_[size_t(pool)] + tid);
   }
 }
 

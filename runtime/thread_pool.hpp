@@ -57,8 +57,10 @@ class ThreadPool {
   std::string describe() const;  // one line: threads, pools and their nodes, topology
 
   // Runs fn(thread_id, num_threads) on every thread of every pool and returns when all are done.
-  // The first exception thrown by any thread is rethrown here. Concurrent callers (a load beside
-  // a queued forward) take turns; a call from inside a job would deadlock.
+  // An exception thrown by a thread is rethrown here; when several threads throw, the one with the
+  // lowest flat thread id wins, so a job that splits items in order (split_range) reports its
+  // first bad item whatever the timing. Concurrent callers (a load beside a queued forward) take
+  // turns; a call from inside a job would deadlock.
   void run(const std::function<void(int, int)>& fn);
   // Runs fn(work) on every thread; see PoolWork. Same rules as run().
   void run_pools(const std::function<void(const PoolWork&)>& fn);
@@ -84,7 +86,7 @@ class ThreadPool {
   void dispatch();
   void call(int pool, int tid);
   void barrier(int pool);
-  void fail(std::exception_ptr e);
+  void fail(std::exception_ptr e, int flat_tid);
 
   std::shared_ptr<const Topology> topo_;
   std::vector<PoolPlan> plan_;
@@ -103,6 +105,7 @@ class ThreadPool {
   std::vector<int> flat_offset_;  // first flat thread id of each pool
   std::mutex err_mu_;
   std::exception_ptr error_;
+  int error_tid_ = 0;  // flat thread id whose exception error_ holds
 };
 
 // Contiguous [begin, end) share of `n` items for thread `tid` of `nt`.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <string>
+#include <thread>
 
 #include "runtime/moe_layer.hpp"
 #include "runtime/thread_pool.hpp"
@@ -223,6 +226,26 @@ TEST(ThreadPools, ErrorInOnePoolReleasesBarriersAndRethrows) {
     ++ran;
   });
   EXPECT_EQ(ran, 4);
+}
+
+// When several threads throw, run() rethrows the lowest thread's exception, whatever the timing:
+// a loader that splits experts in order then names the first bad expert (the CI once saw expert 4
+// named before expert 0). Higher threads throw first here, so first-come would pick the highest.
+TEST(ThreadPools, SeveralErrorsRethrowTheLowestThreads) {
+  KT_SKIP_WITHOUT_HWLOC();
+  auto topo = Topology::synthetic("node:1 core:4 pu:1");
+  ThreadPool pool(4, 1, {}, topo);
+  for (int rep = 0; rep < 5; ++rep) {
+    try {
+      pool.run([&](int tid, int nt) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5 * (nt - tid)));
+        throw std::runtime_error("thread " + std::to_string(tid));
+      });
+      ADD_FAILURE() << "run did not throw";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "thread 0") << "rep " << rep;
+    }
+  }
 }
 
 // Acceptance of issue #5 items 1-3: MoE forwards on simulated 2-node and 4-node pools, I not
