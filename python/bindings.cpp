@@ -500,6 +500,21 @@ PYBIND11_MODULE(_core, m) {
       },
       "Measures the machine's read bandwidth and instruction peaks (takes a few seconds).");
 
+  py::class_<ReadProbe>(m, "ReadProbe",
+                        "A streaming-read buffer (mapped and first-touched once); pass_gbs() "
+                        "times one read of it on the calling thread.")
+      .def(py::init([](int64_t bytes) {
+             if (bytes < 1024) throw std::invalid_argument("ReadProbe: bytes must be >= 1024");
+             return std::make_unique<ReadProbe>(size_t(bytes));
+           }),
+           py::arg("bytes") = int64_t(256) << 20)
+      .def("pass_gbs",
+           [](ReadProbe& p) {
+             py::gil_scoped_release release;
+             return p.pass_gbs();
+           })
+      .def_property_readonly("bytes", [](const ReadProbe& p) { return int64_t(p.bytes()); });
+
   register_serving(m);
   register_gguf(m);     // python/bindings_gguf.cpp
   register_convert(m);  // python/bindings_convert.cpp

@@ -14,6 +14,24 @@ namespace ktjit {
 // first-touched before timing) on the calling thread, over `reps` timed passes.
 double measure_read_bandwidth_gbs(size_t bytes = size_t(1) << 30, int reps = 5);
 
+// One streaming-read buffer kept between passes, for probes taken right beside other timings
+// (`kt-jit bench` pairs each decode forward with one): the buffer is mapped and first-touched
+// once, then every pass() is one timed read of it on the calling thread.
+class ReadProbe {
+ public:
+  explicit ReadProbe(size_t bytes = size_t(256) << 20);
+  ~ReadProbe();
+  ReadProbe(const ReadProbe&) = delete;
+  ReadProbe& operator=(const ReadProbe&) = delete;
+  double pass_gbs();  // GB/s of one timed pass
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* buf_ = nullptr;  // a HugeBuffer (machine_limits.cpp)
+  size_t bytes_ = 0;
+  void (*fn_)(const void*, int64_t) = nullptr;
+};
+
 // The buffer split over `threads` std::threads, thread i pinned to the i-th CPU of the process's
 // affinity mask and first-touching its own part; median of the aggregate GB/s
 // (total bytes / (last end - first start)) over `reps` passes.
