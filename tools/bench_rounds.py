@@ -5,7 +5,8 @@ On a shared VM both kt-jit's and a peer's times move by up to ±25 % between pro
 neighbour's load comes and goes over minutes), so one same-run ratio says little. This runs the
 same bench command R times, one process after the other, and prints every round's kt-jit time,
 peer times and speed-ups with the median over the rounds (of the ratios themselves, not a ratio
-of medians), plus each round's read probe so a slowed process shows.
+of medians), plus each round's read probe so a slowed process shows, and for bandwidth-bound rows
+each round's "% of adjacent read probes" (the bench's paired reps) with their median.
 
     python tools/bench_rounds.py --rounds 3 [--json OUT.json] -- \\
         --method LLAMAFILE --gguf-type Q6_K --tokens 1,64,1024 --llamacpp-peer
@@ -33,8 +34,17 @@ def summarize(docs: List[Dict]) -> Dict:
     for i, doc in enumerate(docs):
         for r in doc.get("results", []):
             t = int(r["tokens"])
-            row = by_t.setdefault(t, {"tokens": t, "ktjit_us": [None] * len(docs), "peers": {}})
+            row = by_t.setdefault(
+                t,
+                {
+                    "tokens": t,
+                    "ktjit_us": [None] * len(docs),
+                    "paired_pct": [None] * len(docs),
+                    "peers": {},
+                },
+            )
             row["ktjit_us"][i] = r.get("us")
+            row["paired_pct"][i] = r.get("paired_roof_pct")
             for p in PEERS:
                 if f"speedup_vs_{p}" not in r:
                     continue
@@ -52,6 +62,7 @@ def summarize(docs: List[Dict]) -> Dict:
     for t in sorted(by_t):
         row = by_t[t]
         row["ktjit_us_median"] = med(row["ktjit_us"])
+        row["paired_pct_median"] = med(row["paired_pct"])
         for pr in row["peers"].values():
             pr["us_median"] = med(pr["us"])
             pr["speedup_median"] = med(pr["speedup"])
@@ -77,6 +88,12 @@ def render(summary: Dict) -> str:
             f"T={t:5d}: kt-jit µs {' / '.join(_fmt(v) for v in row['ktjit_us'])}"
             f" (median {_fmt(row['ktjit_us_median'])})"
         )
+        if row.get("paired_pct_median") is not None:
+            lines.append(
+                f"         % of adjacent read probes "
+                f"{' / '.join('-' if v is None else f'{v:.1f}' for v in row['paired_pct'])}"
+                f" (median {row['paired_pct_median']:.1f})"
+            )
         for name, pr in row["peers"].items():
             lines.append(
                 f"         {name} µs {' / '.join(_fmt(v) for v in pr['us'])}; kt-jit speed-up "

@@ -28,10 +28,10 @@ def test_medians_of_ratios_per_token_count():
     br = _tool()
     docs = [
         _doc(14.0, [{"tokens": 1024, "us": 600.0, "llamacpp_us": 1800.0, "speedup_vs_llamacpp": 3.0},
-                    {"tokens": 1, "us": 3.0}]),
+                    {"tokens": 1, "us": 3.0, "paired_roof_pct": 91.0}]),
         _doc(12.0, [{"tokens": 1024, "us": 800.0, "llamacpp_us": 1600.0, "speedup_vs_llamacpp": 2.0}]),
         _doc(15.0, [{"tokens": 1024, "us": 500.0, "llamacpp_us": 1250.0, "speedup_vs_llamacpp": 2.5},
-                    {"tokens": 1, "us": 5.0}]),
+                    {"tokens": 1, "us": 5.0, "paired_roof_pct": 85.0}]),
     ]  # fmt: skip
     s = br.summarize(docs)
     assert s["rounds"] == 3 and s["read_gbs_1t"] == [14.0, 12.0, 15.0]
@@ -46,8 +46,13 @@ def test_medians_of_ratios_per_token_count():
     # a token count missing from a round stays missing there, the median over the others
     assert by_t[1]["ktjit_us"] == [3.0, None, 5.0] and by_t[1]["ktjit_us_median"] == 4.0
     assert by_t[1]["peers"] == {}
+    # the paired-probe roof% per round (bandwidth-bound rows only) and its median
+    assert by_t[1]["paired_pct"] == [91.0, None, 85.0] and by_t[1]["paired_pct_median"] == 88.0
+    assert by_t[1024]["paired_pct_median"] is None
     text = br.render(s)
     assert "median 2.50x" in text and "3.00x / 2.00x / 2.50x" in text
+    assert "% of adjacent read probes 91.0 / - / 85.0 (median 88.0)" in text
+    assert text.count("adjacent read probes") == 1
 
 
 def test_one_real_round(tmp_path):
@@ -61,6 +66,9 @@ def test_one_real_round(tmp_path):
     assert s["rounds"] == 1 and s["rows"][0]["tokens"] == 1
     assert s["rows"][0]["ktjit_us"][0] > 0
     assert "T=    1: kt-jit µs" in proc.stdout
+    # T = 1 is bandwidth-bound: the bench paired reps with read probes (a ratio, never a bar)
+    assert s["rows"][0]["paired_pct"][0] > 0
+    assert "of the adjacent read probes" in proc.stdout
 
 
 def test_refuses_its_own_json_flag():
