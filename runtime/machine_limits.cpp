@@ -148,22 +148,23 @@ double measure_read_bandwidth_gbs(size_t bytes, int reps) {
   return median(gbs);
 }
 
+struct ReadProbe::Buffer : HugeBuffer {
+  using HugeBuffer::HugeBuffer;
+};
+
 ReadProbe::ReadProbe(size_t bytes) : bytes_(round_kib(bytes)) {
   if (bytes_ == 0) throw std::invalid_argument("ReadProbe: empty buffer");
-  auto* buf = new HugeBuffer(bytes_);
-  buf_ = buf;
-  std::memset(buf->data(), 1, bytes_);  // first touch: pages resident before any pass
+  buf_ = std::make_unique<Buffer>(bytes_);
+  std::memset(buf_->data(), 1, bytes_);  // first touch: pages resident before any pass
   fn_ = read_stream_fn();
-  fn_(buf->data(), int64_t(bytes_));  // warm-up pass (TLB, clocks)
+  fn_(buf_->data(), int64_t(bytes_));  // warm-up pass (TLB, clocks)
 }
 
-ReadProbe::~ReadProbe() {
-  delete static_cast<HugeBuffer*>(buf_);
-}
+ReadProbe::~ReadProbe() = default;
 
 double ReadProbe::pass_gbs() {
   const auto t0 = Clock::now();
-  fn_(static_cast<HugeBuffer*>(buf_)->data(), int64_t(bytes_));
+  fn_(buf_->data(), int64_t(bytes_));
   const auto t1 = Clock::now();
   return double(bytes_) / seconds(t0, t1) / 1e9;
 }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "jit/cpu/cpu.hpp"
 
@@ -27,8 +28,9 @@ class ReadProbe {
   size_t bytes() const { return bytes_; }
 
  private:
-  void* buf_ = nullptr;  // a HugeBuffer (machine_limits.cpp)
+  struct Buffer;  // the mapping (machine_limits.cpp)
   size_t bytes_ = 0;
+  std::unique_ptr<Buffer> buf_;
   void (*fn_)(const void*, int64_t) = nullptr;
 };
 

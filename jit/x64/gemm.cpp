@@ -12,7 +12,9 @@
 #include "jit/x64/gemm.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "formats/grouped.hpp"
 #include "formats/mx.hpp"
@@ -21,6 +23,27 @@
 
 namespace ktjit::x64 {
 namespace {
+
+// How far ahead decode kernels prefetch their weight stream. 3072 bytes was the best of
+// 0/1024/2048/3072 at DeepSeek-V3 T = 1 for MXFP4, FP8, BF16 and INT8 on a Xeon (2026-11-22); a
+// Zen 3 VM did better at 1536 for INT8 and Q4_K (docs/BENCHMARKS.md), so the distance is a
+// per-machine tuning: KT_JIT_DECODE_PREFETCH=<bytes> (0 = none, a multiple of 64 up to 65536)
+// overrides it for every kernel this process generates.
+constexpr int kDecodePrefetch = 3072;
+int decode_prefetch_bytes() {
+  static const int bytes = [] {
+    const char* env = std::getenv("KT_JIT_DECODE_PREFETCH");
+    if (!env || !*env) return kDecodePrefetch;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end || v < 0 || v > 65536 || v % 64)
+      throw std::invalid_argument(std::string("KT_JIT_DECODE_PREFETCH: expected a byte count, a "
+                                              "multiple of 64 in [0, 65536], got '") +
+                                  env + "'");
+    return int(v);
+  }();
+  return bytes;
+}
 
 using namespace Xbyak;
 using namespace Xbyak::util;
@@ -1031,13 +1054,13 @@ class GemmGenerator : public JitGenerator {
   }
 
   // Moves the weight stream on by `bytes`. Decode kernels first prefetch the lines that many
-  // bytes further on at kDecodePrefetch ahead: the stream is sequential over the whole call (strip
-  // after strip), and the hardware prefetcher alone left 10-25 % of the read bandwidth unused.
-  // 3072 bytes: the best of 0/1024/2048/3072 at DeepSeek-V3 T = 1 for MXFP4, FP8, BF16, INT8.
-  static constexpr int kDecodePrefetch = 3072;
+  // bytes further on at decode_prefetch_bytes() ahead: the stream is sequential over the whole
+  // call (strip after strip), and the hardware prefetcher alone left 10-25 % of the read
+  // bandwidth unused.
   void advance_w(int bytes) {
-    if (!prefill_)
-      for (int off = 0; off < bytes; off += 64) prefetcht0(ptr[reg_w + kDecodePrefetch + off]);
+    const int ahead = decode_prefetch_bytes();
+    if (!prefill_ && ahead > 0)
+      for (int off = 0; off < bytes; off += 64) prefetcht0(ptr[reg_w + ahead + off]);
     add(reg_w, bytes);
   }
   void advance(int steps, bool prefetch_next) {

@@ -85,3 +85,34 @@ def test_pool_leaves_the_callers_affinity_alone():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "True"
+
+
+@needs_jit
+def test_decode_prefetch_distance_is_tunable(tmp_path):
+    """KT_JIT_DECODE_PREFETCH moves the decode kernels' prefetch (0 drops it) and nothing else:
+    the decode kernels shrink by their prefetch instructions, the prefill ones stay byte for byte,
+    and a bad value is refused with the variable named."""
+
+    def dump(value):
+        d = tmp_path / f"pf{value}"
+        d.mkdir()
+        names, _, _ = _run({"KT_JIT_DUMP": str(d), "KT_JIT_DECODE_PREFETCH": value})
+        return {n: (d / f"{n}.bin").read_bytes() for n in names}
+
+    default, none, near = dump(""), dump("0"), dump("1536")
+    assert set(default) == set(none) == set(near)
+    decode = [n for n in default if n.startswith("gemm_decode")]
+    prefill = [n for n in default if n.startswith("gemm_prefill")]
+    assert decode and prefill
+    for n in decode:
+        assert len(none[n]) < len(default[n])  # the prefetcht0s are gone
+        assert len(near[n]) == len(default[n]) and near[n] != default[n]  # same code, new offsets
+    for n in prefill:
+        assert none[n] == default[n] == near[n]
+    env = dict(os.environ, KT_JIT_DECODE_PREFETCH="100")
+    env.pop("KT_JIT_ISA", None)
+    p = subprocess.run(
+        [sys.executable, "-c", RUN_LAYER], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert p.returncode != 0
+    assert "KT_JIT_DECODE_PREFETCH: expected a byte count, a multiple of 64" in p.stderr
