@@ -153,7 +153,7 @@ inline bool gemm_activation_offset(IsaLevel isa, WeightFormat fmt) {
 // for those two), instead of multiplying every weight by its scale; jit/gemm_ref.cpp follows the
 // same rule.
 inline bool decode_group_accumulate(const KernelKey& key);
-// fp8 decode kernels of 1 row at avx2 (decode_group_accumulate ones) with kFp8Fp32Widen (the
+// fp8 decode kernels of 1 or 2 rows at avx2 (decode_group_accumulate ones) with kFp8Fp32Widen (the
 // executor's choice on AMD CPUs) widen the e4m3 byte in the
 // fp32 domain instead of the fp16 route (whose vcvtph2ps bounds them there): vpmovsxbd, << 20,
 // & 0x87f00000 gives the fp32 bits of value * 2^-120 (e4m3 subnormals become fp32 subnormals,
@@ -170,7 +170,7 @@ inline bool decode_group_accumulate(const KernelKey& key) {
                    key.format == WeightFormat::fp8;
   const bool level = isa_is_neon(key.isa) ? false
                      : key.isa == IsaLevel::avx2
-                         ? key.m_r == 1
+                         ? key.m_r == 1 || (key.m_r == 2 && fp8_dword_decode(key))
                          : int(key.isa) >= int(IsaLevel::avx512) && key.m_r <= 2;
   return fmt && key.kind == KernelKind::gemm_decode && level;
 }

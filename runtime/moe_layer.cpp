@@ -291,7 +291,7 @@ const char* built_methods() {
          "LLAMAFILE, RAWINT4, GPTQ_INT4";
 }
 
-// fp8 one-row decode at avx2 widens e4m3 in the fp32 domain (jit/kernel.hpp kFp8Fp32Widen) on
+// fp8 decode of 1-2 rows at avx2 widens e4m3 in the fp32 domain (jit/kernel.hpp kFp8Fp32Widen) on
 // AMD CPUs (and Hygon's Zen), whose FMAs take the subnormal codes' fp32 subnormals at full speed;
 // Intel's take a microcode assist per such instruction, so they keep the fp16 route.
 static bool fp8_fp32_widen_here() {
@@ -331,7 +331,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.decode_tail.push_back(key(KernelKind::gemm_decode, m, tail));
     if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx512_bf16 && k_pairs && m <= 4)
       ks.decode_full.back().variant = ks.decode_tail.back().variant = kBf16Pairs;
-    if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx2 && m == 1 && fp8_fp32_widen_here())
+    if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx2 && m <= 2 && fp8_fp32_widen_here())
       ks.decode_full.back().variant = ks.decode_tail.back().variant = kFp8Fp32Widen;
   }
   ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kStripVecs);

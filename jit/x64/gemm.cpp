@@ -107,7 +107,7 @@ class GemmGenerator : public JitGenerator {
       throw std::invalid_argument("gemm: unknown fp8 variant bits: " + key.describe());
     if (fp8dw_ && (key.isa != IsaLevel::avx2 || !decode_group_accumulate(key) ||
                    (key.variant & ~kFp8Fp32Widen)))
-      throw std::invalid_argument("gemm: the fp32-domain fp8 widen is for one-row avx2 decode: " +
+      throw std::invalid_argument("gemm: the fp32-domain fp8 widen is for 1-2 row avx2 decode: " +
                                   key.describe());
     if ((key.variant & kStripScratch) && !qg_ &&
         (!(fp8_ || mx_) || key.kind != KernelKind::gemm_prefill ||
@@ -1157,7 +1157,10 @@ class GemmGenerator : public JitGenerator {
   // accumulators wait on the stack, one load / FMA / store per group (64 k pairs).
   static constexpr int kFp8AccStack = kFp8ScaleStack + 2 * 64;
   static constexpr int kFp8PairMaxRows = 4;
-  bool fp8_stack_acc() const { return (fp8p_ && mr_ > 2) || (sfma_ && fp8_); }
+  // (And avx2 two-row fp32-domain decode: its 8 group sums take ymm0-7.)
+  bool fp8_stack_acc() const {
+    return (fp8p_ && mr_ > 2) || (sfma_ && fp8_) || (fp8dw_ && mr_ == 2);
+  }
   // fp8 pair prefill reads the strip decoded to bf16 k pairs in GemmArgs::scratch (bf16 strips
   // are k pairs already: the bf16 pair kernels read them in place).
   bool scratch_pairs() const { return (fp8p_ && prefill_) || sfma_; }
@@ -1348,14 +1351,14 @@ class GemmGenerator : public JitGenerator {
 
   void microkernel_fp8(int u) {
     for (int m = 0; m < mr_; ++m) vbroadcastss(row_bcast(m), dword[a_row(m) + 4 * u]);
-    if (fp8dw_) {  // avx2 one-row decode: a * 2^64, then per vector the fp32-domain widen
-      vmulps(row_bcast(0), row_bcast(0), fp8dw_scale());
+    if (fp8dw_) {  // avx2 1-2 row decode: a * 2^64, then per vector the fp32-domain widen
+      for (int m = 0; m < mr_; ++m) vmulps(row_bcast(m), row_bcast(m), fp8dw_scale());
       const Ymm t(num_vregs() - 2);
       for (int v = 0; v < nv_; ++v) {
         vpmovsxbd(t, qword[reg_w + u * step_bytes() + v * lanes_]);
         vpslld(t, t, 20);
         vpand(t, t, fp8dw_mask());
-        vfmadd231ps(gacc(0, v), t, row_bcast(0));
+        for (int m = 0; m < mr_; ++m) vfmadd231ps(gacc(m, v), t, row_bcast(m));
       }
       return;
     }
@@ -1924,12 +1927,16 @@ class GemmGenerator : public JitGenerator {
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;
   const bool fp8dw_;  // avx2 one-row fp8 decode in the fp32 domain (jit/gemm.hpp fp8_dword_decode)
-  // its constants, loaded at each group start (ymm 4..7 and 13 are free in those tiles)
-  Xmm fp8dw_mask() const { return vreg(13); }  // 0x87f00000: sign, 4 exponent, 3 mantissa bits
-  Xmm fp8dw_scale() const { return vreg(7); }  // 2^64 for the activation
+  // its constants, loaded at each group start: one row, ymm 13 and 7 (free beside acc 0-3, group
+  // sums 8-11, broadcast 12); two rows, ymm 8 and 9 (group sums 0-7, the fp32 accumulators on
+  // the stack, broadcasts 12-13, decode 14, fold 15)
+  Xmm fp8dw_mask() const {  // 0x87f00000: sign, 4 exponent, 3 mantissa bits
+    return vreg(mr_ == 2 ? 8 : 13);
+  }
+  Xmm fp8dw_scale() const { return vreg(mr_ == 2 ? 9 : 7); }  // 2^64 for the activation
   // gacc_: the group accumulators of (row m, vector v), zmm8..15 (free with <= 2 rows); fp8 pair
   // kernels of 3-4 rows use the accumulator registers (fp8_stack_acc).
-  // (ymm8..11 on AVX2, whose group-accumulating tiles have one row.)
+  // (ymm8..11 on AVX2 for one row; its two-row fp8 tiles keep the fp32 accumulators on the stack.)
   Xmm gacc(int m, int v) const { return fp8_stack_acc() ? acc(m, v) : vreg(8 + m * nv_ + v); }
   void zero_gacc() {
     for (int m = 0; m < mr_; ++m)

@@ -156,10 +156,10 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi, p.fmt);
     key.variant = variant;
     if (p.fp8_pairs()) key.variant = kBf16Pairs;
-    // avx2 one-row fp8 decode: the fp32-domain widen (the executor's choice on AMD) on two
+    // avx2 fp8 decode of 1-2 rows: the fp32-domain widen (the executor's choice on AMD) on two
     // problems of three, the fp16 route on the third
     if (p.fmt == WeightFormat::fp8 && p.isa == IsaLevel::avx2 && kind == KernelKind::gemm_decode &&
-        m_r == 1 && p.seed % 3 != 0)
+        m_r <= 2 && p.seed % 3 != 0)
       key.variant = kFp8Fp32Widen;
     GemmArgs args{};
     std::vector<uint8_t> scratch;  // the strip as k pairs (gemm_scratch_bytes)
@@ -421,8 +421,8 @@ TEST(Gemm, RefusesImpossibleKeys) {
   EXPECT_THROW(KernelCache::generate_only(
                    key_for(IsaLevel::avx512_vnni, KernelKind::gemm_decode, 1, 3, Epilogue::siluup)),
                std::invalid_argument);  // siluup needs gate and up halves
-  // the fp32-domain fp8 widen is a one-row avx2 decode kernel
-  for (auto [isa, kind, m_r] : {std::tuple{IsaLevel::avx2, KernelKind::gemm_decode, 2},
+  // the fp32-domain fp8 widen is an avx2 decode kernel of 1-2 rows
+  for (auto [isa, kind, m_r] : {std::tuple{IsaLevel::avx2, KernelKind::gemm_decode, 3},
                                 std::tuple{IsaLevel::avx2, KernelKind::gemm_prefill, 2},
                                 std::tuple{IsaLevel::avx512, KernelKind::gemm_decode, 1}}) {
     KernelKey k = key_for(isa, kind, m_r, 4, Epilogue::store, WeightFormat::fp8);
@@ -433,6 +433,8 @@ TEST(Gemm, RefusesImpossibleKeys) {
       key_for(IsaLevel::avx2, KernelKind::gemm_decode, 1, 4, Epilogue::store, WeightFormat::fp8);
   ok.variant = kFp8Fp32Widen;
   EXPECT_EQ(KernelCache::generate_only(ok)->name, "gemm_decode_fp8_avx2_m1n32_store_f32w");
+  ok.m_r = 2;
+  EXPECT_EQ(KernelCache::generate_only(ok)->name, "gemm_decode_fp8_avx2_m2n32_store_f32w");
 }
 
 TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
