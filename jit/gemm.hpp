@@ -168,10 +168,12 @@ inline bool fp8_dword_decode(const KernelKey& key) {
 inline bool decode_group_accumulate(const KernelKey& key) {
   const bool fmt = key.format == WeightFormat::mxfp4 || key.format == WeightFormat::mxfp8 ||
                    key.format == WeightFormat::fp8;
-  const bool level = isa_is_neon(key.isa) ? false
-                     : key.isa == IsaLevel::avx2
-                         ? key.m_r == 1 || (key.m_r == 2 && fp8_dword_decode(key))
-                         : int(key.isa) >= int(IsaLevel::avx512) && key.m_r <= 2;
+  const bool level =
+      isa_is_neon(key.isa) ? false
+      : key.isa == IsaLevel::avx2
+          ? key.m_r == 1 ||
+                (key.m_r == 2 && (fp8_dword_decode(key) || key.format == WeightFormat::mxfp4))
+          : int(key.isa) >= int(IsaLevel::avx512) && key.m_r <= 2;
   return fmt && key.kind == KernelKind::gemm_decode && level;
 }
 // mxfp4 decode kernels of <= 2 rows on AVX-512 (the decode_group_accumulate ones) take the

@@ -271,7 +271,7 @@ class GemmGenerator : public JitGenerator {
 
   // ---- loop nest --------------------------------------------------------------------------
   void generate() {
-    preamble(mx_    ? kMxScaleStack + kStripVecs * 64
+    preamble(mx_    ? kMxAccStack + (mx_stack_acc() ? mr_ * nv_ * vec_bytes() : 0)
              : fp8_ ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
              : qg_  ? qf_scale_slot(nv_) + (qgw_ ? mr_ * nv_ * vec_bytes() : 0)
              : i4w_ ? kI4AccStack + mr_ * nv_ * vec_bytes()
@@ -389,7 +389,7 @@ class GemmGenerator : public JitGenerator {
     if (i4w_) vmovups(aux(), cpool(c_s4_));    // the signed-nibble table
     zero_accumulators();
     k_loop(prefetch_next);
-    if (fp8_stack_acc() || qgs2_ || i4w_)
+    if (fp8_stack_acc() || mx_stack_acc() || qgs2_ || i4w_)
       for (int m = 0; m < mr_; ++m)
         for (int v = 0; v < nv_; ++v) vmovups(acc(m, v), vmem(rsp + acc_slot(m, v)));
     epilogue();
@@ -399,7 +399,7 @@ class GemmGenerator : public JitGenerator {
     // fp8 pair / scratch tiles and qgroup 2-row avx2 tiles: the fp32 accumulators wait on the
     // stack; the registers hold the group sums (int4 below VNNI: the int32 sums on the stack, the
     // int16 sums in the registers)
-    if (fp8_stack_acc() || qgs2_ || i4w_) {
+    if (fp8_stack_acc() || mx_stack_acc() || qgs2_ || i4w_) {
       const Xmm z = vreg(num_vregs() - 1);
       vpxord_any(z);
       for (int m = 0; m < mr_; ++m)
@@ -1169,9 +1169,10 @@ class GemmGenerator : public JitGenerator {
   // group sums in the accumulator registers, so 2 rows x 4 vectors fit the 16 ymm registers.
   static constexpr int kQgAccStack = 16;
   int acc_slot(int m, int v) const {
-    return qgs2_  ? kQgAccStack + (m * nv_ + v) * 64
-           : i4w_ ? kI4AccStack + (m * nv_ + v) * vec_bytes()
-                  : fp8_acc_slot(m, v);
+    return mx_stack_acc() ? kMxAccStack + (m * nv_ + v) * vec_bytes()
+           : qgs2_        ? kQgAccStack + (m * nv_ + v) * 64
+           : i4w_         ? kI4AccStack + (m * nv_ + v) * vec_bytes()
+                          : fp8_acc_slot(m, v);
   }
   // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there), others on the stack
   // (strip-scratch kernels too: the bf16 microkernel's odd-k mask is zmm29).
@@ -1477,6 +1478,10 @@ class GemmGenerator : public JitGenerator {
   // of 32 (the loader refuses anything else), so there is no tail.
   static constexpr int kMxUnroll = 8;
   static constexpr int kMxScaleStack = 16;  // [rsp]: strips left; [rsp + 16]: the scales
+  // mxfp4 int16 tiles of 2 rows at avx2: the 8 int32 group sums take ymm0-7 and the fp32
+  // accumulators wait on the stack after the scales (one load, FMA, store per 32-k group).
+  static constexpr int kMxAccStack = kMxScaleStack + kStripVecs * 64;
+  bool mx_stack_acc() const { return i16_ && !zmm_isa() && mr_ == 2; }
   Address mx_scale(int v) const { return vmem(rsp + kMxScaleStack + v * vec_bytes()); }
   // Tiles of up to 4 rows on zmm keep the group's scales in zmm20..23 (free there), the others
   // on the stack.
@@ -1522,15 +1527,24 @@ class GemmGenerator : public JitGenerator {
       }
       sub(reg_gk, kMxUnroll);
       jg(inner, T_NEAR);
-      if (i16_ && !zmm_isa()) {  // avx2, one row: the same fold, the scales from the stack
-        const Ymm t(13), d(14);  // free after the K steps
-        vpbroadcastd(t, dword[a_row(0) + 4]);  // kMxI16CodeOffset * Σq, the codes' offset
-        for (int v = 0; v < nv_; ++v) vpsubd(gacc(0, v), gacc(0, v), t);
-        vbroadcastss(d, dword[a_row(0)]);
-        for (int v = 0; v < nv_; ++v) {
-          vcvtdq2ps(gacc(0, v), gacc(0, v));
-          vmulps(t, d, mx_scale(v));
-          vfmadd231ps(acc(0, v), gacc(0, v), t);
+      if (i16_ && !zmm_isa()) {  // avx2, 1-2 rows: the same fold, the scales from the stack
+        const bool two = mx_stack_acc();
+        const Ymm t(two ? 10 : 13), d(two ? 11 : 14), fa(15);  // free after the K steps
+        for (int m = 0; m < mr_; ++m) {
+          vpbroadcastd(t, dword[a_row(m) + 4]);  // kMxI16CodeOffset * Σq, the codes' offset
+          for (int v = 0; v < nv_; ++v) vpsubd(gacc(m, v), gacc(m, v), t);
+          vbroadcastss(d, dword[a_row(m)]);
+          for (int v = 0; v < nv_; ++v) {
+            vcvtdq2ps(gacc(m, v), gacc(m, v));
+            vmulps(t, d, mx_scale(v));
+            if (two) {  // the fp32 accumulator from its stack slot and back
+              vmovups(fa, vmem(rsp + acc_slot(m, v)));
+              vfmadd231ps(fa, gacc(m, v), t);
+              vmovups(vmem(rsp + acc_slot(m, v)), fa);
+            } else {
+              vfmadd231ps(acc(m, v), gacc(m, v), t);
+            }
+          }
         }
         add(reg_a, 8);    // d / 2 and the offset sum
       } else if (i16_) {  // acc += float(sum) * (2^e * d/2): the sum is exact, one rounding
@@ -1584,21 +1598,26 @@ class GemmGenerator : public JitGenerator {
     }
   }
 
-  // The same on AVX2 (one row; no vpermw or vpdpwssd): each 16-bit word of the nibble dword,
+  // The same on AVX2 (1-2 rows; no vpermw or vpdpwssd): each 16-bit word of the nibble dword,
   // shifted by 4s and masked to its nibble, indexes vpshufb's 16-byte table of 2 * e2m1 + 12
   // (unsigned, so no sign step), whose entry 0 (12) the word's high byte reads: every weight word
   // is code + formats::kMxI16CodeOffset, and vpmaddwd + vpaddd add (code + offset) * q into the
-  // int32 group sums (gacc: ymm8..11), which the group end corrects by the offset * Σq stored
-  // with the activations (exact modulo 2^32, and the true sum fits). ymm4 row pair, 5 word mask
-  // 0x000f, 6 table, 7 index, 13 product, 14 the nibble words (VEX shifts take no memory
-  // operand).
+  // int32 group sums, which the group end corrects by the offset * Σq stored with the
+  // activations (exact modulo 2^32, and the true sum fits). Each decoded vector feeds every row.
+  // One row: group sums ymm8..11, ymm4 row pair, 5 word mask 0x000f, 6 table, 7 index. Two rows:
+  // group sums ymm0..7 (the fp32 accumulators on the stack), 8 mask, 9 table, 10-11 row pairs,
+  // 12 index. Both: 13 product, 14 the nibble words (VEX shifts take no memory operand).
+  Ymm mx16_mask() const { return Ymm(mx_stack_acc() ? 8 : 5); }
+  Ymm mx16_table() const { return Ymm(mx_stack_acc() ? 9 : 6); }
   void mx_i16_avx2_constants() {
-    vbroadcasti128(Ymm(6), ptr[rip + c_e2m1_b_]);
-    vmovups(Ymm(5), yword[rip + c_000f_]);
+    vbroadcasti128(mx16_table(), ptr[rip + c_e2m1_b_]);
+    vmovups(mx16_mask(), yword[rip + c_000f_]);
   }
   void microkernel_mx_i16_avx2(int s) {
-    const Ymm pair(4), mask(5), table(6), idx(7), prod(13), word(14);
-    vpbroadcastd(pair, dword[a_row(0) + 4 * s]);
+    const bool two = mx_stack_acc();
+    const Ymm mask = mx16_mask(), table = mx16_table(), idx(two ? 12 : 7), prod(13), word(14);
+    auto pair = [&](int m) { return Ymm(two ? 10 + m : 4); };
+    for (int m = 0; m < mr_; ++m) vpbroadcastd(pair(m), dword[a_row(m) + 4 * s]);
     for (int v = 0; v < nv_; ++v) {
       const Address mem = yword[reg_w + v * vec_bytes()];
       if (s == 0) {
@@ -1609,8 +1628,10 @@ class GemmGenerator : public JitGenerator {
         if (s < 3) vpand(idx, idx, mask);
       }
       vpshufb(idx, table, idx);
-      vpmaddwd(prod, idx, pair);
-      vpaddd(gacc(0, v), gacc(0, v), prod);
+      for (int m = 0; m < mr_; ++m) {
+        vpmaddwd(prod, idx, pair(m));
+        vpaddd(gacc(m, v), gacc(m, v), prod);
+      }
     }
   }
 
@@ -1937,7 +1958,9 @@ class GemmGenerator : public JitGenerator {
   // gacc_: the group accumulators of (row m, vector v), zmm8..15 (free with <= 2 rows); fp8 pair
   // kernels of 3-4 rows use the accumulator registers (fp8_stack_acc).
   // (ymm8..11 on AVX2 for one row; its two-row fp8 tiles keep the fp32 accumulators on the stack.)
-  Xmm gacc(int m, int v) const { return fp8_stack_acc() ? acc(m, v) : vreg(8 + m * nv_ + v); }
+  Xmm gacc(int m, int v) const {
+    return fp8_stack_acc() || mx_stack_acc() ? acc(m, v) : vreg(8 + m * nv_ + v);
+  }
   void zero_gacc() {
     for (int m = 0; m < mr_; ++m)
       for (int v = 0; v < nv_; ++v) vpxord_any(gacc(m, v));
