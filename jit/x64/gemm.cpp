@@ -26,9 +26,9 @@ namespace {
 
 // How far ahead decode kernels prefetch their weight stream. 3072 bytes was the best of
 // 0/1024/2048/3072 at DeepSeek-V3 T = 1 for MXFP4, FP8, BF16 and INT8 on a Xeon (2026-11-22); a
-// Zen 3 VM did better at 1536 for INT8 and Q4_K (docs/BENCHMARKS.md), so the distance is a
-// per-machine tuning: KT_JIT_DECODE_PREFETCH=<bytes> (0 = none, a multiple of 64 up to 65536)
-// overrides it for every kernel this process generates.
+// Zen 3 VM did better at 1536 for INT8 and Q4_K but worse for FP8 and MXFP4 (docs/BENCHMARKS.md),
+// so the distance is a per-machine tuning: KT_JIT_DECODE_PREFETCH=<bytes> (0 = none, a multiple
+// of 64 up to 65536) overrides it for every kernel this process generates.
 constexpr int kDecodePrefetch = 3072;
 int decode_prefetch_bytes() {
   static const int bytes = [] {
