@@ -147,7 +147,8 @@ inline bool gemm_activation_offset(IsaLevel isa, WeightFormat fmt) {
   return (fmt != WeightFormat::qgroup && int8_activation_offset(isa)) || int4_int16_sums(isa, fmt);
 }
 // mxfp4 / mxfp8 / fp8 decode kernels of <= 2 rows on AVX-512 and of 1 row on AVX2 (whose 16
-// registers hold one row's group accumulators beside its accumulators): each scale group's
+// registers hold one row's group accumulators beside its accumulators; 2 rows for mxfp4 and the
+// fp32-domain fp8 widen, whose fp32 accumulators wait on the stack): each scale group's
 // products are summed unscaled (g = fma(a, w, g) in k order; w the decoded value, for fp8 and
 // mxfp8 the value * 2^-8) and folded in once per group, acc = fma(g, scale, acc) (scale * 2^8
 // for those two), instead of multiplying every weight by its scale; jit/gemm_ref.cpp follows the
@@ -184,9 +185,9 @@ inline bool decode_group_accumulate(const KernelKey& key) {
 //   acc = fma(float(sum_g), scale_n * (d_g / 2), acc)        (scale_n = 2^(e - 127), exact)
 // The packed nibbles are read with vpermw over a 32-word table: each word holds 4 nibbles, so
 // 32 weights cost one shift, one permute and one dot instruction (fp32 decode: 16).
-// AVX2 (its one-row decode tiles) takes the same int16 codes: the weights' |2 * e2m1| by vpshufb
-// from a 16-byte table, the sign moved onto the activation by vpsignw, vpmaddwd + vpaddd; the
-// same exact int32 sums.
+// AVX2 (its decode tiles of 1-2 rows) takes the same int16 codes: the weights' 2 * e2m1 + 12
+// (unsigned) by vpshufb from a 16-byte table, vpmaddwd + vpaddd, the offset's share subtracted
+// at the group end; the same exact int32 sums (jit/x64/gemm.cpp microkernel_mx_i16_avx2).
 inline bool mx_int16_activations(const KernelKey& key) {
   return key.format == WeightFormat::mxfp4 && decode_group_accumulate(key);
 }

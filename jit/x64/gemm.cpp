@@ -396,9 +396,9 @@ class GemmGenerator : public JitGenerator {
   }
 
   void zero_accumulators() {
-    // fp8 pair / scratch tiles and qgroup 2-row avx2 tiles: the fp32 accumulators wait on the
-    // stack; the registers hold the group sums (int4 below VNNI: the int32 sums on the stack, the
-    // int16 sums in the registers)
+    // fp8 pair / scratch tiles, avx2 2-row fp8 (fp32-domain) and mxfp4 decode tiles and qgroup
+    // 2-row avx2 tiles: the fp32 accumulators wait on the stack; the registers hold the group sums
+    // (int4 below VNNI: the int32 sums on the stack, the int16 sums in the registers)
     if (fp8_stack_acc() || mx_stack_acc() || qgs2_ || i4w_) {
       const Xmm z = vreg(num_vregs() - 1);
       vpxord_any(z);
