@@ -131,23 +131,6 @@ size_t round_kib(size_t bytes) {
 
 }  // namespace
 
-double measure_read_bandwidth_gbs(size_t bytes, int reps) {
-  bytes = round_kib(bytes);
-  if (bytes == 0 || reps < 1) throw std::invalid_argument("measure_read_bandwidth_gbs: empty");
-  HugeBuffer buf(bytes);
-  std::memset(buf.data(), 1, bytes);  // first touch: pages resident before timing
-  const ReadFn fn = read_stream_fn();
-  fn(buf.data(), int64_t(bytes));  // warm-up pass (TLB, clocks)
-  std::vector<double> gbs;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    fn(buf.data(), int64_t(bytes));
-    const auto t1 = Clock::now();
-    gbs.push_back(double(bytes) / seconds(t0, t1) / 1e9);
-  }
-  return median(gbs);
-}
-
 struct ReadProbe::Buffer : HugeBuffer {
   using HugeBuffer::HugeBuffer;
 };
@@ -167,6 +150,15 @@ double ReadProbe::pass_gbs() {
   fn_(buf_->data(), int64_t(bytes_));
   const auto t1 = Clock::now();
   return double(bytes_) / seconds(t0, t1) / 1e9;
+}
+
+double measure_read_bandwidth_gbs(size_t bytes, int reps) {
+  if (round_kib(bytes) == 0 || reps < 1)
+    throw std::invalid_argument("measure_read_bandwidth_gbs: empty");
+  ReadProbe probe(bytes);
+  std::vector<double> gbs;
+  for (int r = 0; r < reps; ++r) gbs.push_back(probe.pass_gbs());
+  return median(gbs);
 }
 
 double measure_read_bandwidth_gbs_threads(int threads, size_t bytes, int reps) {

@@ -1119,6 +1119,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 flush=True,
             )
 
+    probe = None  # its 256 MiB are not the peers' to share
     if args.torch_peer:
         _torch_peer(torch, args, results, E, K, H, I, threads, layers_n)
 
