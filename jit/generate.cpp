@@ -1,6 +1,7 @@
 // Key -> generator dispatch. The only file that knows every generator family.
 #include <stdexcept>
 
+#include "jit/aarch64/bench_loops_a64.hpp"
 #include "jit/aarch64/gemm_a64.hpp"
 #include "jit/kernel.hpp"
 #if defined(__x86_64__)  // the Xbyak generators are built on x86-64 hosts only
@@ -29,12 +30,19 @@ std::vector<uint8_t> generate_code(const KernelKey& key) {
         return x64::generate_gemm(key);
 #endif
       break;
-#if defined(__x86_64__)
-    case KernelKind::peak_loop: return x64::generate_peak_loop(key);
-    case KernelKind::read_stream: return x64::generate_read_stream(key);
-#else
     case KernelKind::peak_loop:
-    case KernelKind::read_stream: break;  // x86-64 benchmark loops only
+      if (isa_is_neon(key.isa)) return aarch64::generate_peak_loop(key);
+#if defined(__x86_64__)
+      return x64::generate_peak_loop(key);
+#else
+      break;
+#endif
+    case KernelKind::read_stream:
+      if (isa_is_neon(key.isa)) return aarch64::generate_read_stream(key);
+#if defined(__x86_64__)
+      return x64::generate_read_stream(key);
+#else
+      break;
 #endif
   }
   throw std::invalid_argument("no generator for kernel " + key.describe());

@@ -1,4 +1,5 @@
-// Machine limits measured with generated loops (jit/x64/bench_loops.cpp) on the calling process.
+// Machine limits measured with generated loops (jit/x64/bench_loops.cpp on x86-64,
+// jit/aarch64/bench_loops_a64.cpp on AArch64) on the calling process.
 #include "runtime/machine_limits.hpp"
 
 #include <sched.h>
@@ -14,8 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "jit/bench_loops.hpp"
 #include "jit/kernel.hpp"
-#include "jit/x64/bench_loops.hpp"
+#include "runtime/cpu_relax.hpp"
 
 namespace ktjit {
 namespace {
@@ -115,7 +117,7 @@ class SpinBarrier {
       if (spins > 4096)
         sched_yield();
       else
-        __builtin_ia32_pause();
+        cpu_relax();
     }
   }
 
@@ -207,7 +209,7 @@ double measure_peak_gops(IsaLevel isa, uint8_t op, int reps) {
   key.isa = isa;
   key.format = WeightFormat::none;
   key.variant = op;
-  const double ops_per_iter = x64::peak_ops_per_iteration(key);  // throws for invalid combos
+  const double ops_per_iter = peak_ops_per_iteration(key);  // throws for invalid combos
   if (!level_usable(isa, cpu_features()))
     throw std::invalid_argument(std::string("measure_peak_gops: this CPU cannot run isa ") +
                                 isa_name(isa));
@@ -241,20 +243,26 @@ MachineLimits measure_machine_limits(IsaLevel isa) {
   MachineLimits m;
   m.read_gbs_1t = measure_read_bandwidth_gbs();
   if (allowed_cpus().size() >= 2) m.read_gbs_2t = measure_read_bandwidth_gbs_threads(2);
-  auto peak = [&](x64::PeakOp op) {
+  auto peak = [&](PeakOp op) {
     try {
       return measure_peak_gops(isa, uint8_t(op));
     } catch (const std::invalid_argument&) {
       return 0.0;  // the ISA lacks the op (or the CPU cannot run the ISA)
     }
   };
-  m.peak_vnni_gops = peak(x64::PeakOp::vpdpbusd);
-  m.peak_maddubsw_gops = peak(x64::PeakOp::maddubsw);
-  m.peak_maddubsw_w_gops = peak(x64::PeakOp::maddubsw_w);
-  m.peak_fma_gflops = peak(x64::PeakOp::fma_f32);
-  m.peak_bf16_gflops = peak(x64::PeakOp::dpbf16);
-  m.peak_amx_int8_gops = peak(x64::PeakOp::tdpbusd);
-  m.peak_amx_bf16_gflops = peak(x64::PeakOp::tdpbf16ps);
+  m.peak_fma_gflops = peak(PeakOp::fma_f32);
+  if (isa_is_neon(isa)) {
+    m.peak_sdot_gops = peak(PeakOp::sdot);
+    m.peak_smull_gops = peak(PeakOp::smull_sadalp);
+    m.peak_bfdot_gflops = peak(PeakOp::bfdot);
+    return m;
+  }
+  m.peak_vnni_gops = peak(PeakOp::vpdpbusd);
+  m.peak_maddubsw_gops = peak(PeakOp::maddubsw);
+  m.peak_maddubsw_w_gops = peak(PeakOp::maddubsw_w);
+  m.peak_bf16_gflops = peak(PeakOp::dpbf16);
+  m.peak_amx_int8_gops = peak(PeakOp::tdpbusd);
+  m.peak_amx_bf16_gflops = peak(PeakOp::tdpbf16ps);
   return m;
 }
 

@@ -40,7 +40,7 @@ class ReadProbe {
 double measure_read_bandwidth_gbs_threads(int threads, size_t bytes = size_t(1) << 30,
                                           int reps = 5);
 
-// Median Gop/s (2 ops per multiply-accumulate) of the peak loop for `op` (x64::PeakOp) at `isa`
+// Median Gop/s (2 ops per multiply-accumulate) of the peak loop for `op` (PeakOp) at `isa`
 // on the calling thread, each rep sized to ~30 ms. Throws std::invalid_argument when the ISA lacks
 // the op or this CPU cannot run `isa`; returns 0 when executable memory is refused.
 double measure_peak_gops(IsaLevel isa, uint8_t op, int reps = 7);
@@ -50,10 +50,14 @@ struct MachineLimits {
   double peak_vnni_gops = 0;        // vpdpbusd
   double peak_maddubsw_gops = 0;    // vpmaddubsw + vpmaddwd + vpaddd
   double peak_maddubsw_w_gops = 0;  // vpmaddubsw + vpaddw (qgroup int16 group sums, kQGroupI16)
-  double peak_fma_gflops = 0;       // vfmadd231ps
+  double peak_fma_gflops = 0;       // vfmadd231ps (fmla on AArch64)
   double peak_bf16_gflops = 0;      // vdpbf16ps
   double peak_amx_int8_gops = 0;    // tdpbusd (isa amx only)
   double peak_amx_bf16_gflops = 0;  // tdpbf16ps (isa amx only)
+  // AArch64 (NEON levels; peak_fma_gflops is fmla there):
+  double peak_sdot_gops = 0;     // sdot (neon_dotprod, neon_bf16)
+  double peak_smull_gops = 0;    // smull + smull2 + addp + sadalp (plain NEON int8)
+  double peak_bfdot_gflops = 0;  // bfdot (neon_bf16)
 };
 
 // All of the above at `isa` (ops the ISA lacks are 0; read_gbs_2t is 0 on a 1-CPU machine).

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "jit/cpu/cpu.hpp"
+#include "runtime/cpu_relax.hpp"
 
 namespace ktjit {
 namespace {
@@ -22,14 +23,6 @@ constexpr int kPollsBeforeYield = 1024;
 // Thrown inside a job when another thread of it failed, so that threads waiting at a barrier for
 // the failed one leave instead of waiting forever. Never escapes run().
 struct JobAborted {};
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 template <class Done>
 void spin_until(Done done) {

@@ -39,6 +39,7 @@
 #include <string>
 #include <utility>
 
+#include "jit/aarch64/a64_emitter.hpp"
 #include "jit/gemm.hpp"
 
 // CMakeLists.txt renames the `stderr` reference of Debian's (PIE-built) libasmjit.a to this
@@ -53,14 +54,6 @@ namespace aj = asmjit;
 namespace a64 = asmjit::a64;
 using a64::GpX;
 using a64::VecV;
-
-class ThrowingErrorHandler : public aj::ErrorHandler {
- public:
-  void handleError(aj::Error err, const char* message, aj::BaseEmitter*) override {
-    throw std::runtime_error("asmjit a64: " + std::string(message) + " (error " +
-                             std::to_string(err) + ")");
-  }
-};
 
 uint32_t f32_bits(float f) {
   uint32_t u;
@@ -96,19 +89,10 @@ class GemmA64 {
       throw std::invalid_argument(
           "gemm (aarch64): bf16 pair (bfdot) kernels are prefill kernels at neon_bf16: " +
           key.describe());
-    code_.init(aj::Environment(aj::Arch::kAArch64));
-    code_.setErrorHandler(&eh_);
-    a_ = std::make_unique<a64::Assembler>(&code_);
     generate();
   }
 
-  std::vector<uint8_t> bytes() {
-    code_.flatten();
-    code_.resolveUnresolvedLinks();
-    std::vector<uint8_t> out(code_.codeSize());
-    code_.copyFlattenedData(out.data(), out.size(), aj::CopySectionFlags::kPadSectionBuffer);
-    return out;
-  }
+  std::vector<uint8_t> bytes() { return emit_.bytes(); }
 
  private:
   // ---- register roles (AAPCS64: x0-x17 are caller-saved; v8-v15 low halves are saved) --------
@@ -147,7 +131,7 @@ class GemmA64 {
   int out_cols() const { return gemm_strip_out_cols(key_.isa, nv_, key_.epilogue); }
   static aj::arm::Mem arg(size_t off) { return a64::ptr(a64::x0, int32_t(off)); }
 
-  a64::Assembler& as() { return *a_; }
+  a64::Assembler& as() { return emit_.as(); }
 
   // ---- loop nest --------------------------------------------------------------------------
   void generate() {
@@ -448,9 +432,7 @@ class GemmA64 {
   const KernelKey key_;
   const int nv_, mr_;
   const bool dot_, int4_, bf16_, pairs_, prefill_;
-  ThrowingErrorHandler eh_;
-  aj::CodeHolder code_;
-  std::unique_ptr<a64::Assembler> a_;
+  A64Emitter emit_;
   aj::Label pool_;
 };
 

@@ -23,22 +23,9 @@ using namespace Xbyak::util;
 
 constexpr int kRepeat = 4;  // copies of the chain block per loop iteration
 
-const char* op_name(PeakOp op) {
-  switch (op) {
-    case PeakOp::vpdpbusd: return "vpdpbusd";
-    case PeakOp::maddubsw: return "maddubsw";
-    case PeakOp::fma_f32: return "fma_f32";
-    case PeakOp::dpbf16: return "dpbf16";
-    case PeakOp::tdpbusd: return "tdpbusd";
-    case PeakOp::tdpbf16ps: return "tdpbf16ps";
-    case PeakOp::maddubsw_w: return "maddubsw_w";
-  }
-  return "?";
-}
-
 // Validates (key.isa, variant); throws std::invalid_argument for combinations the ISA lacks.
 PeakOp checked_op(const KernelKey& key) {
-  if (key.variant > uint8_t(PeakOp::maddubsw_w))
+  if (key.variant >= kNumPeakOps)
     throw std::invalid_argument("peak_loop: unknown variant " + std::to_string(key.variant));
   const PeakOp op = PeakOp(key.variant);
   const int lvl = int(key.isa);
@@ -47,8 +34,10 @@ PeakOp checked_op(const KernelKey& key) {
   if (op == PeakOp::dpbf16) need = int(IsaLevel::avx512_bf16);
   const bool amx_op = op == PeakOp::tdpbusd || op == PeakOp::tdpbf16ps;
   if (amx_op) need = int(IsaLevel::amx);
-  if (key.isa == IsaLevel::ref || lvl < need || isa_is_neon(key.isa) || (amx_op && lvl != need))
-    throw std::invalid_argument(std::string("peak_loop: ") + op_name(op) +
+  const bool a64_op = op == PeakOp::sdot || op == PeakOp::smull_sadalp || op == PeakOp::bfdot;
+  if (key.isa == IsaLevel::ref || lvl < need || isa_is_neon(key.isa) || a64_op ||
+      (amx_op && lvl != need))
+    throw std::invalid_argument(std::string("peak_loop: ") + peak_op_name(op) +
                                 " is not available at isa " + isa_name(key.isa));
   return op;
 }
@@ -156,6 +145,7 @@ class PeakLoopGenerator : public JitGenerator {
           case PeakOp::dpbf16: vdpbf16ps(acc, a, b); break;
           case PeakOp::tdpbusd:
           case PeakOp::tdpbf16ps: break;  // generate_amx()
+          default: break;                 // AArch64 ops: refused by checked_op()
           case PeakOp::maddubsw: {
             const Xmm t = vreg(n + i);
             vpmaddubsw(t, a, b);
@@ -197,6 +187,7 @@ class PeakLoopGenerator : public JitGenerator {
         break;
       case PeakOp::tdpbusd:
       case PeakOp::tdpbf16ps: break;  // generate_amx()
+      default: break;                 // AArch64 ops: refused by checked_op()
     }
     emit_const32(lconst_a, a_bits);
     emit_const32(lconst_b, b_bits);
@@ -250,7 +241,7 @@ std::vector<uint8_t> generate_peak_loop(const KernelKey& key) {
   return PeakLoopGenerator(key).bytes();
 }
 
-double peak_ops_per_iteration(const KernelKey& key) {
+double peak_ops_per_iteration_x64(const KernelKey& key) {
   const PeakOp op = checked_op(key);
   const int vbytes = is_zmm(key.isa) ? 64 : 32;
   double per_instr = 0;  // ops (2 per multiply-accumulate) per chain step
@@ -262,6 +253,7 @@ double peak_ops_per_iteration(const KernelKey& key) {
     case PeakOp::dpbf16: per_instr = 2.0 * (vbytes / 2); break;     // one MAC per bf16 element
     case PeakOp::tdpbusd: return 2.0 * 16 * 16 * 64 * 4 * kRepeat;  // 4 tile multiplies a block
     case PeakOp::tdpbf16ps: return 2.0 * 16 * 16 * 32 * 4 * kRepeat;
+    default: break;  // AArch64 ops: refused by checked_op()
   }
   return per_instr * chains(op, key.isa) * kRepeat;
 }

@@ -5,25 +5,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "jit/bench_loops.hpp"
 #include "jit/kernel.hpp"
 
 namespace ktjit::x64 {
 
-// Peak-loop variants (KernelKey::variant).
-enum class PeakOp : uint8_t {
-  vpdpbusd = 0,    // INT8 VNNI (avx512_vnni+)
-  maddubsw = 1,    // INT8 without VNNI: vpmaddubsw + vpmaddwd + vpaddd (avx2 / avx512)
-  fma_f32 = 2,     // vfmadd231ps
-  dpbf16 = 3,      // vdpbf16ps (avx512_bf16)
-  tdpbusd = 4,     // AMX-INT8 tile multiply (amx): 16x16x64 MACs per instruction
-  tdpbf16ps = 5,   // AMX-BF16 tile multiply (amx): 16x16x32 MACs per instruction
-  maddubsw_w = 6,  // vpmaddubsw + vpaddw: the int16 group sums of qgroup kernels (kQGroupI16)
-};
+// Peak-loop variants (KernelKey::variant): the x86-64 members of ktjit::PeakOp.
+using ktjit::PeakOp;
 
 // void fn(int64_t iterations): `iterations` x an unrolled block of independent ops.
-// Ops per iteration (2 per multiply-accumulate) are given by peak_ops_per_iteration().
+// Ops per iteration (2 per multiply-accumulate) are given by ktjit::peak_ops_per_iteration().
 std::vector<uint8_t> generate_peak_loop(const KernelKey& key);
-double peak_ops_per_iteration(const KernelKey& key);
+double peak_ops_per_iteration_x64(const KernelKey& key);
 
 // void fn(const void* buf, int64_t bytes): reads every byte once with vector loads (bytes is a
 // multiple of 1 KiB), folding them so the loads are not dead.
