@@ -61,6 +61,10 @@ py::dict features_dict() {
   d["os_amx"] = f.os_amx;
   d["amx_permission"] = f.amx_permission;
   d["amx_permission_error"] = f.amx_permission_error;
+  d["aarch64"] = f.aarch64;  // AArch64 HWCAP bits (false on x86-64)
+  d["asimd"] = f.asimd;
+  d["asimd_dp"] = f.asimd_dp;
+  d["arm_bf16"] = f.arm_bf16;
   d["detected_isa"] = isa_name(detected_isa());
   py::dict refused;
   for (int l = int(detected_isa()) + 1; l < kNumIsaLevels; ++l)
@@ -496,6 +500,9 @@ PYBIND11_MODULE(_core, m) {
         d["peak_bf16_gflops"] = l.peak_bf16_gflops;
         d["peak_amx_int8_gops"] = l.peak_amx_int8_gops;
         d["peak_amx_bf16_gflops"] = l.peak_amx_bf16_gflops;
+        d["peak_sdot_gops"] = l.peak_sdot_gops;  // AArch64 levels (fmla is peak_fma_gflops)
+        d["peak_smull_gops"] = l.peak_smull_gops;
+        d["peak_bfdot_gflops"] = l.peak_bfdot_gflops;
         return d;
       },
       "Measures the machine's read bandwidth and instruction peaks (takes a few seconds).");

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 #: Qwen3-30B-A3B MoE block.
 SHAPES = {
@@ -77,6 +77,7 @@ SHAPES = {
 SHAPE = SHAPES["qwen3"]
 DEFAULT_TOKENS = (1, 4, 16, 64, 256, 1024)
 VNNI_LEVELS = ("avx512_vnni", "avx512_bf16", "amx")
+NEON_LEVELS = ("neon", "neon_dotprod", "neon_bf16")
 
 
 BYTES_PER_WEIGHT = {
@@ -681,21 +682,71 @@ AMX_INT8_METHODS = ("AMXINT8", "MOE_INT8", "AMXINT4", "MOE_INT4")
 AMX_BF16_METHODS = ("BF16", "FP8", "FP8_PERCHANNEL", "MXFP4", "MXFP8")
 
 
+def _roof_peak(isa: str, method: str, lim: Dict) -> Tuple[str, str]:
+    """(name, machine_limits key) of the instruction peak a layer's compute roof% uses."""
+    if isa in NEON_LEVELS:
+        # NEON (jit/aarch64/gemm_a64.cpp): int8 / int4 on sdot where the CPU has it, else the
+        # widening smull + smull2 + addp + sadalp step; bf16 on fmla, and on bfdot for the pair
+        # prefill tiles at neon_bf16. Other formats run the C++ reference kernels there.
+        if method == "BF16" and isa == "neon_bf16" and lim.get("peak_bfdot_gflops"):
+            return "bfdot", "peak_bfdot_gflops"
+        if method in ("BF16", "FP8", "FP8_PERCHANNEL") + MX_METHODS:
+            return "fmla", "peak_fma_gflops"
+        if isa != "neon" and lim.get("peak_sdot_gops"):
+            return "sdot", "peak_sdot_gops"
+        return "smull+sadalp", "peak_smull_gops"
+    vnni = isa in VNNI_LEVELS and float(lim.get("peak_vnni_gops", 0.0)) > 0
+    # widened to fp32, vfmadd231ps (MX too: its int16 decode tiles are bandwidth-bound)
+    if method in ("BF16", "FP8", "FP8_PERCHANNEL") + MX_METHODS:
+        peak_name, peak_key = "vfmadd231ps", "peak_fma_gflops"
+    else:
+        peak_name = "vpdpbusd" if vnni else "vpmaddubsw"
+        peak_key = "peak_vnni_gops" if vnni else "peak_maddubsw_gops"
+    # At isa amx the prefill tiles of experts with >= 16 rows run on AMX: their roof is the tile
+    # unit's peak (AMX-INT8 for the per-row int8 / int4 formats, AMX-BF16 for BF16, FP8 and MX).
+    if isa == "amx" and method in AMX_INT8_METHODS and lim.get("peak_amx_int8_gops"):
+        peak_name, peak_key = "tdpbusd", "peak_amx_int8_gops"
+    elif isa == "amx" and method in AMX_BF16_METHODS and lim.get("peak_amx_bf16_gflops"):
+        peak_name, peak_key = "tdpbf16ps", "peak_amx_bf16_gflops"
+    # At avx512_bf16, BF16 and FP8 experts with >= 12 rows run vdpbf16ps pair kernels (FP8 also at
+    # amx, and its decode tiles of <= 4 rows): that is their roof.
+    elif (
+        (isa == "avx512_bf16" and method == "BF16")
+        or (isa in ("avx512_bf16", "amx") and method in ("FP8", "FP8_PERCHANNEL"))
+    ) and lim.get("peak_bf16_gflops"):
+        peak_name, peak_key = "vdpbf16ps", "peak_bf16_gflops"
+    return peak_name, peak_key
+
+
+def _neon_peaks_line(lim: Dict) -> str:
+    return (
+        f"- peaks per core: fmla {_fmt(lim.get('peak_fma_gflops', 0))} GFLOP/s, "
+        f"smull+sadalp {_fmt(lim.get('peak_smull_gops', 0))} Gop/s, "
+        f"sdot {_fmt(lim.get('peak_sdot_gops', 0))} Gop/s, "
+        f"bfdot {_fmt(lim.get('peak_bfdot_gflops', 0))} GFLOP/s"
+    )
+
+
 def _limits_lines(lim: Dict, read_bw: float, peak: float, peak_name: str, threads: int) -> str:
+    neon = bool(lim.get("peak_smull_gops"))  # measured on AArch64 only
     return "\n".join(
         [
             f"- read bandwidth: {_fmt(lim.get('read_gbs_1t', 0), 2)} GB/s (1 thread), "
             f"{_fmt(lim.get('read_gbs_2t', 0), 2)} GB/s (2 threads)",
-            f"- peaks per core: vpdpbusd {_fmt(lim.get('peak_vnni_gops', 0))} Gop/s, "
-            f"vpmaddubsw+vpmaddwd+vpaddd {_fmt(lim.get('peak_maddubsw_gops', 0))} Gop/s, "
-            f"vpmaddubsw+vpaddw {_fmt(lim.get('peak_maddubsw_w_gops', 0))} Gop/s, "
-            f"FMA fp32 {_fmt(lim.get('peak_fma_gflops', 0))} GFLOP/s, "
-            f"vdpbf16ps {_fmt(lim.get('peak_bf16_gflops', 0))} GFLOP/s"
-            + (
-                f", tdpbusd {_fmt(lim['peak_amx_int8_gops'])} Gop/s, "
-                f"tdpbf16ps {_fmt(lim.get('peak_amx_bf16_gflops', 0))} GFLOP/s"
-                if lim.get("peak_amx_int8_gops")
-                else ""
+            (
+                _neon_peaks_line(lim)
+                if neon
+                else f"- peaks per core: vpdpbusd {_fmt(lim.get('peak_vnni_gops', 0))} Gop/s, "
+                f"vpmaddubsw+vpmaddwd+vpaddd {_fmt(lim.get('peak_maddubsw_gops', 0))} Gop/s, "
+                f"vpmaddubsw+vpaddw {_fmt(lim.get('peak_maddubsw_w_gops', 0))} Gop/s, "
+                f"FMA fp32 {_fmt(lim.get('peak_fma_gflops', 0))} GFLOP/s, "
+                f"vdpbf16ps {_fmt(lim.get('peak_bf16_gflops', 0))} GFLOP/s"
+                + (
+                    f", tdpbusd {_fmt(lim['peak_amx_int8_gops'])} Gop/s, "
+                    f"tdpbf16ps {_fmt(lim.get('peak_amx_bf16_gflops', 0))} GFLOP/s"
+                    if lim.get("peak_amx_int8_gops")
+                    else ""
+                )
             ),
             f"- roof% uses read bandwidth {_fmt(read_bw, 2)} GB/s and {peak_name} peak "
             f"{_fmt(peak)} Gop/s ({threads} thread{'s' if threads != 1 else ''})",
@@ -945,25 +996,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         read_bw = float(lim["read_gbs_2t"])
     vnni = isa in VNNI_LEVELS and float(lim.get("peak_vnni_gops", 0.0)) > 0
-    # widened to fp32, vfmadd231ps (MX too: its int16 decode tiles are bandwidth-bound)
-    if args.method in ("BF16", "FP8", "FP8_PERCHANNEL") + MX_METHODS:
-        peak_name, peak_key = "vfmadd231ps", "peak_fma_gflops"
-    else:
-        peak_name = "vpdpbusd" if vnni else "vpmaddubsw"
-        peak_key = "peak_vnni_gops" if vnni else "peak_maddubsw_gops"
-    # At isa amx the prefill tiles of experts with >= 16 rows run on AMX: their roof is the tile
-    # unit's peak (AMX-INT8 for the per-row int8 / int4 formats, AMX-BF16 for BF16, FP8 and MX).
-    if isa == "amx" and args.method in AMX_INT8_METHODS and lim.get("peak_amx_int8_gops"):
-        peak_name, peak_key = "tdpbusd", "peak_amx_int8_gops"
-    elif isa == "amx" and args.method in AMX_BF16_METHODS and lim.get("peak_amx_bf16_gflops"):
-        peak_name, peak_key = "tdpbf16ps", "peak_amx_bf16_gflops"
-    # At avx512_bf16, BF16 and FP8 experts with >= 12 rows run vdpbf16ps pair kernels (FP8 also at
-    # amx, and its decode tiles of <= 4 rows): that is their roof.
-    elif (
-        (isa == "avx512_bf16" and args.method == "BF16")
-        or (isa in ("avx512_bf16", "amx") and args.method in ("FP8", "FP8_PERCHANNEL"))
-    ) and lim.get("peak_bf16_gflops"):
-        peak_name, peak_key = "vdpbf16ps", "peak_bf16_gflops"
+    peak_name, peak_key = _roof_peak(isa, args.method, lim)
     peak_core = float(lim.get(peak_key, 0.0))
     peak = peak_core * threads
     print(_limits_lines(lim, read_bw, peak, peak_name, threads), flush=True)
