@@ -16,6 +16,9 @@ cmake --build build -j"$JOBS"
 echo "== AArch64: cross build, the C++ suite under qemu-aarch64 -cpu max and -cpu cortex-a72"
 JOBS="$JOBS" bash tests/emu/run_aarch64.sh build-aarch64
 
+echo "== AArch64: the Python package (cross-built _core, arm64 CPython and torch) under qemu-aarch64"
+JOBS="$JOBS" PYTHON="$PYTHON" bash tests/emu/run_aarch64_python.sh build-aarch64
+
 echo "== Python package"
 "$PYTHON" -m pip install --no-build-isolation -v .
 

@@ -1,0 +1,158 @@
+"""AArch64 smoke test of the kt_jit Python package, meant to run under ``qemu-aarch64`` with an
+arm64 CPython, torch and the cross-built extension (see run_aarch64_python.sh).
+
+Checks, for the CPU model qemu emulates:
+- the probe reports AArch64 (HWCAP bits) and the engine selects the expected NEON level
+  (``KT_JIT_EXPECT_ISA``: neon_bf16 under ``-cpu max``, neon under ``-cpu cortex-a72``);
+- ``machine_limits()`` measures a read bandwidth and the peaks of that level with the generated
+  NEON loops (fmla, sdot / smull+sadalp, bfdot), and zero for the x86-64 ones;
+- AMXINT8, AMXINT4 and BF16 layers loaded from random weights run on generated NEON kernels, and
+  for T in (1, 7, 40) give the same bits as the core's plain C++ reference path and agree with the
+  independent fp32 torch reference of tests/python/conftest.py within the pytest suite's bars.
+
+Prints one ``PASS <check>`` / ``FAIL <check>: <why>`` line per check, then
+``smoke: N passed, M failed``; exits 1 if anything failed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+T0 = time.time()
+import torch  # noqa: E402
+
+T_TORCH = time.time() - T0
+import kt_jit  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import conftest as ref  # noqa: E402  (plain torch: the reference of the pytest suite)
+
+E, K, H, I = 8, 2, 64, 48
+# Bars as in tests/python: relative L1 vs the fp32 reference over the dequantized weights.
+METHODS = {
+    "AMXINT8": (ref.quantize_rows, 3e-2),
+    "AMXINT4": (ref.quantize_rows_int4, 3e-2),
+    "BF16": (lambda w: (w.to(torch.bfloat16).to(torch.float32), torch.ones(1)), 1e-2),
+}
+
+passed = 0
+failed = 0
+
+
+def check(name: str, ok: bool, detail: str = "") -> bool:
+    global passed, failed
+    if ok:
+        passed += 1
+        print(f"PASS {name}" + (f" ({detail})" if detail else ""), flush=True)
+    else:
+        failed += 1
+        print(f"FAIL {name}" + (f": {detail}" if detail else ""), flush=True)
+    return ok
+
+
+def isa_tag(isa: str) -> str:
+    """The level as kernel names spell it (jit/cpu/cpu.cpp isa_tag), between underscores."""
+    return "_" + {"neon_dotprod": "neondot"}.get(isa, isa.replace("_", "")) + "_"
+
+
+def run_method(method: str, want_isa: str) -> None:
+    quantizer, bar = METHODS[method]
+    gate, up, down = ref.make_weights(E, H, I, seed=7)
+    pmap = torch.randperm(E, generator=torch.Generator().manual_seed(3))
+    moe = ref.make_wrapper(E, K, H, I, method=method)
+    moe.load_weights_from_tensors(gate, up, down, pmap)
+    layer = moe.moe
+    names = list(layer.kernel_names())
+    check(f"{method}: layer isa is {want_isa}", layer.isa == want_isa, f"layer.isa = {layer.isa!r}")
+    # T = 40 puts about 10 rows on an expert: the prefill tiles (bfdot pairs at neon_bf16) run.
+    for T in (1, 7, 40):
+        x = torch.randn(T, H, generator=torch.Generator().manual_seed(100 + T))
+        ids, w = ref.make_routing(T, E, K, seed=T)
+        t0 = time.time()
+        out = moe.forward(x, ids, w)
+        dt = time.time() - t0
+        check(
+            f"{method} T={T} forward shape and finite",
+            tuple(out.shape) == (T, H) and bool(torch.isfinite(out).all()),
+            f"{tuple(out.shape)}, {dt:.2f} s",
+        )
+        xs, ids_c, w_c = x.contiguous(), ids.contiguous(), w.contiguous()
+        ref_out = torch.empty(T, H, dtype=torch.float32)
+        layer.forward_reference(
+            T, xs.data_ptr(), ids_c.data_ptr(), w_c.data_ptr(), 0, ref_out.data_ptr()
+        )
+        diff = (out - ref_out).abs().max().item()
+        check(
+            f"{method} T={T} generated {want_isa} == forward_reference bitwise",
+            torch.equal(out, ref_out),
+            f"max |diff| = {diff:.3g}",
+        )
+        expect = ref.moe_reference(x, ids, w, gate, up, down, pmap=pmap, wq=quantizer)
+        err = ref.rel_l1(out, expect)
+        check(f"{method} T={T} vs torch fp32 reference", err <= bar, f"relative L1 {err:.3g}")
+    names = list(layer.kernel_names())
+    tag = isa_tag(want_isa)
+    check(
+        f"{method}: kernels generated for {want_isa}",
+        bool(names) and all(tag in n for n in names),
+        f"{len(names)} kernels, e.g. {names[:2]}",
+    )
+
+
+def main() -> int:
+    want = os.environ.get("KT_JIT_EXPECT_ISA", "")
+    print(
+        f"aarch64_smoke: python {sys.version.split()[0]}, torch {torch.__version__} "
+        f"(import {T_TORCH:.1f} s), kt_jit {kt_jit.__version__}, expect isa {want!r}",
+        flush=True,
+    )
+    feats = kt_jit.cpu_features()
+    check(
+        "probe reports aarch64", feats.get("aarch64") is True, f"aarch64 = {feats.get('aarch64')}"
+    )
+    check("asimd present", feats.get("asimd") is True)
+    check(
+        f"isa is {want}",
+        kt_jit.__isa__ == want,
+        f"kt_jit.__isa__ = {kt_jit.__isa__!r}, asimd_dp = {feats.get('asimd_dp')}, "
+        f"arm_bf16 = {feats.get('arm_bf16')}",
+    )
+
+    t0 = time.time()
+    lim = kt_jit._core.machine_limits()
+    summary = ", ".join(f"{k} {v:.3g}" for k, v in lim.items() if v)
+    print(f"aarch64_smoke: machine_limits in {time.time() - t0:.1f} s: {summary}", flush=True)
+    check("read bandwidth measured", lim["read_gbs_1t"] > 0)
+    check("fmla peak measured", lim["peak_fma_gflops"] > 0)
+    check("smull+sadalp peak measured", lim["peak_smull_gops"] > 0)
+    check(
+        "sdot peak measured where the level has it",
+        (lim["peak_sdot_gops"] > 0) == (want != "neon"),
+        f"{lim['peak_sdot_gops']:.3g}",
+    )
+    check(
+        "bfdot peak measured where the level has it",
+        (lim["peak_bfdot_gflops"] > 0) == (want == "neon_bf16"),
+        f"{lim['peak_bfdot_gflops']:.3g}",
+    )
+    x86 = ("peak_vnni_gops", "peak_maddubsw_gops", "peak_bf16_gflops", "peak_amx_int8_gops")
+    check("no x86-64 peaks", all(lim[k] == 0 for k in x86))
+
+    for method in METHODS:
+        run_method(method, want)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception:  # any crash is a failure with its traceback, not a silent exit
+        traceback.print_exc()
+        check("smoke ran to the end", False, "exception (traceback above)")
+    print(
+        f"smoke: {passed} passed, {failed} failed ({time.time() - T0:.1f} s in total)", flush=True
+    )
+    sys.exit(1 if failed else 0)
