@@ -15,9 +15,13 @@ commands:
   convert   convert a Hugging Face checkpoint into kt-jit's weight artifact (AMXINT8/AMXINT4)
 """
 
-#: ISA levels, highest first, and the CPU features each one needs (x86-64).
+#: ISA levels, highest first, and the CPU features each one needs (x86-64; AArch64 below).
 LEVELS = ("amx", "avx512_bf16", "avx512_vnni", "avx512", "avx2")
+NEON_LEVELS = ("neon_bf16", "neon_dotprod", "neon")
 LEVEL_FEATURES = {
+    "neon": ("asimd",),
+    "neon_dotprod": ("asimd", "asimd_dp"),
+    "neon_bf16": ("asimd", "asimd_dp", "arm_bf16"),
     "avx2": ("avx2", "fma", "f16c"),
     "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
     "avx512_vnni": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"),
@@ -82,6 +86,12 @@ def cmd_version(argv: List[str]) -> int:
     return 0
 
 
+def _higher_levels(features: dict, selected: str) -> List[str]:
+    """This architecture's levels above ``selected``, highest first."""
+    levels = NEON_LEVELS if features.get("aarch64") else LEVELS
+    return list(levels[: levels.index(selected)] if selected in levels else levels)
+
+
 def _refusal_reason(level: str, features: dict, runnable: List[str]) -> str:
     if level in runnable:
         return "usable, but capped (KT_JIT_ISA)"
@@ -111,7 +121,8 @@ def _refusal_reason(level: str, features: dict, runnable: List[str]) -> str:
 
 def _self_test(isa: str, method: str = "AMXINT8") -> str:
     """Tiny MoELayer forwards on ``isa`` against the C++ reference path, at a decode-sized and a
-    prefill-sized T (so both kernel variants and every epilogue run); '' when identical."""
+    prefill-sized T (so both kernel variants and every epilogue run); '' when identical, and a
+    string starting with ``reference:`` when ``isa`` has no generated kernels for the method."""
     import torch
 
     from . import _core
@@ -172,6 +183,8 @@ def _self_test(isa: str, method: str = "AMXINT8") -> str:
         layer.load_experts_grouped(slots, *ptrs)
     else:
         layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), "f32", 0)
+    if layer.isa != isa:  # no generated kernels for this format here (NEON: int8, int4, bf16)
+        return f"reference: runs the C++ reference kernels at {isa}"
     for T in (5, 60, 160):  # 160: >= 16 rows per expert, so amx runs its AMX tiles
         x = torch.randn(T, H, generator=g)
         ids = torch.randint(0, E, (T, K), generator=g, dtype=torch.int64)
@@ -245,7 +258,7 @@ def cmd_doctor(argv: List[str]) -> int:
     if feats.get("detected_isa") is not None:
         print(f"detected isa: {feats['detected_isa']}")
     print(f"runnable isas: {', '.join(runnable)}")
-    higher = LEVELS[: LEVELS.index(selected)] if selected in LEVELS else LEVELS
+    higher = _higher_levels(feats, selected)
     if higher:
         print("higher levels:")
         for level in higher:
@@ -268,6 +281,9 @@ def cmd_doctor(argv: List[str]) -> int:
                 problem = _self_test(isa, method)
             except Exception as e:  # report, never crash the doctor
                 problem = f"{type(e).__name__}: {e}"
+            if problem.startswith("reference:"):
+                results.append(f"{method} n/a (C++ reference kernels)")
+                continue
             failures += bool(problem)
             results.append(f"{method} {'pass' if not problem else 'FAIL (' + problem + ')'}")
         print(f"  {isa:<12} " + ", ".join(results))

@@ -143,6 +143,23 @@ def main() -> int:
 
     for method in METHODS:
         run_method(method, want)
+
+    # kt-jit doctor's pieces: this architecture's levels, and formats without NEON kernels
+    # reported as running the C++ reference kernels rather than as a JIT pass.
+    from kt_jit import cli
+
+    higher = cli._higher_levels(feats, want)
+    check(
+        "doctor lists the NEON levels above the selected one",
+        higher == list(cli.NEON_LEVELS[: cli.NEON_LEVELS.index(want)]),
+        f"{higher}",
+    )
+    problem = cli._self_test(want, "FP8")
+    check(
+        "doctor: FP8 runs the reference kernels on NEON", problem.startswith("reference:"), problem
+    )
+    problem = cli._self_test(want, "AMXINT8")
+    check("doctor: AMXINT8 self-test passes", problem == "", problem)
     return 0
 
 
