@@ -74,7 +74,11 @@ float bfdot_lane(float acc, uint32_t a, uint32_t b) {
 int gemm_max_rows(IsaLevel isa, WeightFormat fmt) {
   // NEON (32 registers, 24 accumulators at most): 6 rows x 4 vectors; the widening int8/int4
   // path of plain neon needs 3 more temporaries, so 4 rows there.
-  if (isa_is_neon(isa)) return isa == IsaLevel::neon && fmt != WeightFormat::bf16 ? 4 : 6;
+  // fp8 keeps a group sum beside each accumulator (jit/aarch64/gemm_a64.cpp): 2 rows.
+  if (isa_is_neon(isa))
+    return fmt == WeightFormat::fp8                             ? 2
+           : isa == IsaLevel::neon && fmt != WeightFormat::bf16 ? 4
+                                                                : 6;
   // qgroup keeps an int32 group accumulator beside each fp32 accumulator: 3 rows x 4 vectors x 2
   // at VNNI levels (8 registers of scratch), 2 rows at avx512 (sign masks and |code| vectors),
   // 2 rows on AVX2's 16 registers with the fp32 accumulators on the stack.
@@ -489,7 +493,10 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
   const int rows = key.m_r;
   const int32_t offset = gemm_activation_offset(key.isa, key.format) ? 128 : 0;
-  const bool gacc = decode_group_accumulate(key) || strip_scratch_kernel(key);
+  // Group sums folded once per K group: x86's group-accumulating decode tiles and strip-scratch
+  // tiles, and every fp8 kernel on NEON (the fp16 route, jit/aarch64/gemm_a64.cpp).
+  const bool gacc =
+      decode_group_accumulate(key) || strip_scratch_kernel(key) || (fp8 && isa_is_neon(key.isa));
   const bool dword = fp8_dword_decode(key);
   // bf16: args.k4 steps of kg k each ([k / kg][column][kg], jit/gemm.hpp bf16_kgroup); the padded
   // last k of an odd K has weight 0 and activation 0, which the kernels add and so does this.

@@ -11,6 +11,13 @@
 //                            the high one) in front of either dot product.
 //   bf16 strips hold k pairs ([k/2][column][2], jit/gemm.hpp bf16_kgroup; one K step = one pair,
 //   args.k4 pairs, an odd K ends with a zero k): a 128-bit load is 4 columns x one pair.
+//   fp8 (every level):       e4m3 bytes ([k][column], one k a step, jit/gemm.hpp fp8_value) with
+//                            fp32 activations, the fp16 route of x86's group-accumulating decode
+//                            kernels: sshll #7 of the byte (sign-extended) and bic of bit 14 give
+//                            the fp16 bits of value * 2^-8 (subnormals included, exact), fcvtl
+//                            widens them; each K group's products are summed by fmla in their own
+//                            accumulators (v8-v15) and folded once, acc = fma(g, scale * 2^8,
+//                            acc) (gemm_ref's rule for these kernels). 2 rows at most.
 //   bf16 (every level):      fp32 activations: the pair dword widened exactly to the even k
 //                            (shl #16) and the odd k (bic of the low half), then fmla by element,
 //                            k before k + 1 on each accumulator: one fused multiply-add per k in k
@@ -70,15 +77,18 @@ class GemmA64 {
         dot_(key.isa == IsaLevel::neon_dotprod || key.isa == IsaLevel::neon_bf16),
         int4_(key.format == WeightFormat::int4),
         bf16_(key.format == WeightFormat::bf16),
+        fp8_(key.format == WeightFormat::fp8),
         pairs_(bf16_ && (key.variant & kBf16Pairs)),
         prefill_(key.kind == KernelKind::gemm_prefill) {
     if (!isa_is_neon(key.isa))
       throw std::invalid_argument("gemm (aarch64): not a NEON level: " + key.describe());
     if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
-        key.format != WeightFormat::bf16)
+        key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8)
       throw std::invalid_argument(
-          "gemm (aarch64): weight format not generated for NEON (int8, int4 and bf16 are): " +
+          "gemm (aarch64): weight format not generated for NEON (int8, int4, bf16 and fp8 are): " +
           key.describe());
+    if (fp8_ && key.variant)
+      throw std::invalid_argument("gemm (aarch64): fp8 has no variants on NEON: " + key.describe());
     if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > gemm_max_rows(key.isa, key.format))
       throw std::invalid_argument("gemm (aarch64): tile out of range: " + key.describe());
     if (key.epilogue == Epilogue::siluup && nv_ % 2)
@@ -109,6 +119,11 @@ class GemmA64 {
   const GpX reg_strip = a64::x15;   // strip start (prefill re-reads it per block)
   const GpX reg_tmp = a64::x16;
   const GpX reg_tmp2 = a64::x17;
+  // fp8 (2 rows: a_row uses x2, x3 only): the strip's group-scale table, the current group's
+  // entry, and the K steps of the current group.
+  const GpX reg_gs = a64::x4;
+  const GpX reg_gcur = a64::x5;
+  const GpX reg_gn = a64::x6;
 
   // v0..v23: accumulators (row-major over the tile); v24..v31: scratch.
   static VecV v(int i) { return VecV(uint32_t(i)); }
@@ -118,16 +133,25 @@ class GemmA64 {
   static VecV wide_act() { return v(28); }            // widening path: replicated activation
   static VecV wide_t(int i) { return v(29 + i); }     // widening path: two int16 products
   static VecV nib_mask() { return v(31); }            // int4: 0xf0 bytes
+  // fp8: group sums beside the accumulators, decoded weights, their int16 halves, activations
+  // (4 k of one row), the fold's scale and 2^8.
+  VecV gacc(int m, int vv) const { return v(8 + m * nv_ + vv); }
+  static VecV fp8_w(int vv) { return v(16 + vv); }
+  static VecV fp8_h(int i) { return v(20 + i); }
+  static VecV fp8_act(int m) { return v(28 + m); }
+  static VecV fp8_scale() { return v(22); }
+  static VecV fp8_c256() { return v(30); }
 
   int lanes() const { return 4; }
   int strip_cols() const { return nv_ * lanes(); }
   int strip_k4_bytes() const { return strip_cols() * 4; }
   // Weight bytes per K step (bf16: a k pair, [k/2][column][2]).
   int step_bytes() const {
+    if (fp8_) return strip_cols();  // one k: a byte per column
     return bf16_ ? strip_cols() * 4 : int4_ ? strip_k4_bytes() / 2 : strip_k4_bytes();
   }
   // Activation bytes per K step: 4 int8, a pair of fp32 (bf16) or of bf16 (bfdot).
-  int act_step_bytes() const { return bf16_ && !pairs_ ? 8 : 4; }
+  int act_step_bytes() const { return bf16_ && !pairs_ ? 8 : 4; }  // fp8: one fp32
   int out_cols() const { return gemm_strip_out_cols(key_.isa, nv_, key_.epilogue); }
   static aj::arm::Mem arg(size_t off) { return a64::ptr(a64::x0, int32_t(off)); }
 
@@ -151,6 +175,7 @@ class GemmA64 {
     a.ldr(reg_wscale, arg(offsetof(GemmArgs, w_scale)));
     a.ldr(reg_col, arg(offsetof(GemmArgs, out_col)));
     a.lsl(reg_col, reg_col, 2);
+    if (fp8_) a.ldr(reg_gs, arg(offsetof(GemmArgs, w_gscale)));
     a.bind(strip_loop);
     {
       a.mov(reg_strip, reg_w);
@@ -176,6 +201,10 @@ class GemmA64 {
       }
       a.add(reg_wscale, reg_wscale, strip_cols() * 4);
       a.add(reg_col, reg_col, out_cols() * 4);
+      if (fp8_) {  // next strip's table: g_per_strip groups x 2 halves x 4 lanes of fp32
+        a.ldr(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));
+        a.add(reg_gs, reg_gs, reg_tmp, aj::arm::lsl(5));
+      }
       a.subs(reg_strips, reg_strips, 1);
       a.b_ne(strip_loop);
     }
@@ -197,7 +226,10 @@ class GemmA64 {
     for (int m = 0; m < mr_; ++m)
       for (int vv = 0; vv < nv_; ++vv) a.movi(acc(m, vv).b16(), 0);
     if (int4_) a.movi(nib_mask().b16(), 0xf0);  // per block: the siluup epilogue reuses v31
-    k_loop();
+    if (fp8_)
+      k_loop_fp8();
+    else
+      k_loop();
     epilogue();
   }
 
@@ -229,6 +261,100 @@ class GemmA64 {
       a.b_ne(tail_loop);
     }
     a.bind(done);
+  }
+
+  // fp8: the K steps in groups of args.g_steps (the last one may be shorter); per group the sums
+  // start at zero, run 4 k at a time (one activation load per row) and then one k at a time, and
+  // are folded into the accumulators with the group's scale * 2^8.
+  void k_loop_fp8() {
+    auto& a = as();
+    aj::Label group = a.newLabel(), quad = a.newLabel(), single = a.newLabel(), fold = a.newLabel(),
+              done = a.newLabel();
+    a.adr(reg_tmp2, pool_);
+    a.ldr(fp8_c256(), a64::ptr(reg_tmp2, 16 * kC256));  // per block: the epilogue reuses v30
+    a.mov(reg_gcur, reg_gs);
+    a.ldr(reg_k, arg(offsetof(GemmArgs, k4)));
+    a.cmp(reg_k, 0);
+    a.b_le(done);
+    a.bind(group);
+    a.ldr(reg_gn, arg(offsetof(GemmArgs, g_steps)));
+    a.cmp(reg_gn, reg_k);
+    a.csel(reg_gn, reg_gn, reg_k, aj::arm::CondCode::kLT);  // this group's K steps
+    a.sub(reg_k, reg_k, reg_gn);
+    for (int m = 0; m < mr_; ++m)
+      for (int vv = 0; vv < nv_; ++vv) a.movi(gacc(m, vv).b16(), 0);
+    a.cmp(reg_gn, kUnroll);
+    a.b_lt(single);
+    a.bind(quad);
+    for (int m = 0; m < mr_; ++m) a.ldr(fp8_act(m), a64::ptr(a_row(m)));  // 4 k of row m
+    for (int u = 0; u < kUnroll; ++u) microkernel_fp8(u, u);
+    advance(kUnroll);
+    a.sub(reg_gn, reg_gn, kUnroll);
+    a.cmp(reg_gn, kUnroll);
+    a.b_ge(quad);
+    a.bind(single);
+    a.cbz(reg_gn, fold);
+    for (int m = 0; m < mr_; ++m) a.ldr(a64::VecS(fp8_act(m).id()), a64::ptr(a_row(m)));
+    microkernel_fp8(0, 0);
+    advance(1);
+    a.sub(reg_gn, reg_gn, 1);
+    a.b(single);
+    a.bind(fold);
+    // acc = fma(g, scale * 2^8, acc); the strip's gate half (siluup vectors < nv/2) reads entry
+    // 0 of the group, the up half entry 1 (jit/gemm.hpp: per group, 2 halves x lanes).
+    for (int vv = 0; vv < nv_; ++vv) {
+      const int half = key_.epilogue == Epilogue::siluup && vv >= nv_ / 2 ? 1 : 0;
+      if (vv == 0 || (half && vv == nv_ / 2)) {
+        a.ldr(fp8_scale(), a64::ptr(reg_gcur, 16 * half));
+        a.fmul(fp8_scale().s4(), fp8_scale().s4(), fp8_c256().s4());
+      }
+      for (int m = 0; m < mr_; ++m) a.fmla(acc(m, vv).s4(), gacc(m, vv).s4(), fp8_scale().s4());
+    }
+    a.add(reg_gcur, reg_gcur, 2 * 16);
+    a.cmp(reg_k, 0);
+    a.b_gt(group);
+    a.bind(done);
+  }
+
+  // One fp8 K step (u steps past the pointers; the rows' activation at element `j` of fp8_act):
+  // the strip's bytes of this k decoded to fp32 (value * 2^-8), then g += a * w per row.
+  void microkernel_fp8(int u, int j) {
+    auto& a = as();
+    const int off = u * strip_cols();
+    const VecV h0 = fp8_h(0), h1 = fp8_h(1);
+    switch (nv_) {  // nv_ * 4 bytes: columns 0-7 into h0, 8-15 into h1 (sign-extended, << 7)
+      case 4:
+        a.ldr(h0, a64::ptr(reg_w, off));
+        a.sshll2(h1.h8(), h0.b16(), 7);
+        a.sshll(h0.h8(), h0.b8(), 7);
+        break;
+      case 3:
+        a.ldr(a64::VecD(h0.id()), a64::ptr(reg_w, off));
+        a.ldr(a64::VecS(h1.id()), a64::ptr(reg_w, off + 8));
+        a.sshll(h0.h8(), h0.b8(), 7);
+        a.sshll(h1.h8(), h1.b8(), 7);
+        break;
+      case 2:
+        a.ldr(a64::VecD(h0.id()), a64::ptr(reg_w, off));
+        a.sshll(h0.h8(), h0.b8(), 7);
+        break;
+      default:
+        a.ldr(a64::VecS(h0.id()), a64::ptr(reg_w, off));
+        a.sshll(h0.h8(), h0.b8(), 7);
+        break;
+    }
+    // The sign's copy at bit 14 cleared: fp16 bits s.eeee.mmm0000000 = e4m3 value * 2^-8.
+    a.bic(h0.h8(), aj::Imm(0x40), aj::Imm(8));
+    if (nv_ > 2) a.bic(h1.h8(), aj::Imm(0x40), aj::Imm(8));
+    for (int vv = 0; vv < nv_; ++vv) {
+      const VecV h = vv < 2 ? h0 : h1;
+      if (vv % 2 == 0)
+        a.fcvtl(fp8_w(vv).s4(), h.h4());
+      else
+        a.fcvtl2(fp8_w(vv).s4(), h.h8());
+    }
+    for (int m = 0; m < mr_; ++m)
+      for (int vv = 0; vv < nv_; ++vv) a.fmla(gacc(m, vv).s4(), fp8_w(vv).s4(), fp8_act(m).s(j));
   }
 
   void advance(int steps) {
@@ -317,7 +443,7 @@ class GemmA64 {
   void epilogue() {
     auto& a = as();
     if (!bf16_) {  // bf16: the fp32 accumulators are the result
-      // y = (a_scale * w_scale) * float(acc)
+      // y = (a_scale * w_scale) * float(acc)  (fp8: acc is fp32 already)
       const VecV s = v(24), t = v(25);
       a.ldr(reg_tmp, arg(offsetof(GemmArgs, a_scale)));
       a.add(reg_tmp, reg_tmp, reg_row, aj::arm::lsl(2));
@@ -326,7 +452,7 @@ class GemmA64 {
         for (int vv = 0; vv < nv_; ++vv) {
           a.ldr(t, a64::ptr(reg_wscale, 16 * vv));
           a.fmul(t.s4(), t.s4(), s.s(0));  // a_scale * w_scale (commutative: one rounding)
-          a.scvtf(acc(m, vv).s4(), acc(m, vv).s4());
+          if (!fp8_) a.scvtf(acc(m, vv).s4(), acc(m, vv).s4());
           a.fmul(acc(m, vv).s4(), t.s4(), acc(m, vv).s4());
         }
       }
@@ -372,7 +498,7 @@ class GemmA64 {
   }
 
   // Constant pool offsets (16 bytes each: one value repeated over a vector).
-  enum Const { kMax = 0, kMin, kLog2e, kPoly0, kOne = kPoly0 + 6, kNumConsts };
+  enum Const { kMax = 0, kMin, kLog2e, kPoly0, kOne = kPoly0 + 6, kC256, kNumConsts };
 
   // h = g / (1 + exp(-g)) * u with exp(x) = 2^i * p(f), x*log2e = i + f, i = rne (exp_ref).
   void siluup_rows() {
@@ -426,12 +552,13 @@ class GemmA64 {
     c[kLog2e] = f32_bits(1.44269504089f);
     for (int i = 0; i < 6; ++i) c[kPoly0 + i] = f32_bits(poly[i]);
     c[kOne] = f32_bits(1.0f);
-    for (uint32_t x : c) a.embedUInt32(x, 4);
+    c[kC256] = f32_bits(256.0f);
+    for (uint32_t x : c) a.embedUInt32(x, 4);  // each constant repeated over a vector
   }
 
   const KernelKey key_;
   const int nv_, mr_;
-  const bool dot_, int4_, bf16_, pairs_, prefill_;
+  const bool dot_, int4_, bf16_, fp8_, pairs_, prefill_;
   A64Emitter emit_;
   aj::Label pool_;
 };

@@ -95,7 +95,8 @@ TEST(A64Cpu, SelectedLevelIsExpected) {
 TEST(A64Gemm, GeneratesEveryNeonKernelOnAnyHost) {
   size_t kernels = 0;
   for (IsaLevel isa : kNeonLevels)
-    for (WeightFormat fmt : {WeightFormat::int8, WeightFormat::int4, WeightFormat::bf16})
+    for (WeightFormat fmt :
+         {WeightFormat::int8, WeightFormat::int4, WeightFormat::bf16, WeightFormat::fp8})
       for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
         for (KernelKind kind : {KernelKind::gemm_decode, KernelKind::gemm_prefill})
           for (int nv = 1; nv <= kStripVecs; ++nv) {
@@ -124,7 +125,8 @@ TEST(A64Gemm, GeneratesEveryNeonKernelOnAnyHost) {
         ++kernels;
       }
     }
-  EXPECT_GT(kernels, 400u);
+  EXPECT_GT(kernels, 450u);
+  EXPECT_EQ(gemm_max_rows(IsaLevel::neon_bf16, WeightFormat::fp8), 2);
   EXPECT_EQ(bf16_kgroup(IsaLevel::neon), 2);  // k-pair strips on every NEON level
   EXPECT_EQ(bf16_kgroup(IsaLevel::neon_bf16), 2);
   EXPECT_EQ(bf16_kgroup(IsaLevel::ref), 1);
@@ -139,10 +141,20 @@ TEST(A64Gemm, GeneratesEveryNeonKernelOnAnyHost) {
 TEST(A64Gemm, RefusesWhatItDoesNotBuild) {
   try {
     KernelCache::generate_only(a64_key(IsaLevel::neon_dotprod, KernelKind::gemm_decode, 1, 4,
-                                       Epilogue::store, WeightFormat::fp8));
-    FAIL() << "fp8 generated for NEON";
+                                       Epilogue::store, WeightFormat::mxfp4));
+    FAIL() << "mxfp4 generated for NEON";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("not generated for NEON"), std::string::npos) << e.what();
+  }
+  // fp8: 2 rows (group sums beside the accumulators) and no x86 variants.
+  EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon, KernelKind::gemm_prefill, 3, 4,
+                                                  Epilogue::store, WeightFormat::fp8)),
+               std::invalid_argument);
+  {
+    KernelKey key = a64_key(IsaLevel::neon_bf16, KernelKind::gemm_decode, 1, 4, Epilogue::store,
+                            WeightFormat::fp8);
+    key.variant = kFp8Fp32Widen;
+    EXPECT_THROW(KernelCache::generate_only(key), std::invalid_argument);
   }
   EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon, KernelKind::gemm_decode, 5, 4,
                                                   Epilogue::store, WeightFormat::int8)),
@@ -185,20 +197,53 @@ struct Packed {
   std::vector<int32_t> comp;
   std::vector<std::vector<int8_t>> q;
   std::vector<std::vector<float>> d;
+  std::vector<std::vector<uint8_t>> w8;  // fp8: per source, N x K e4m3 bytes
+  std::vector<std::vector<float>> bs;    // fp8: per source, block or row scales
+  std::vector<float> gscale;             // fp8: the group scale table
+  bool fp8_block = false;
 };
+
+// e4m3fn decoded from its definition (independent of the kernels' bit trick); NaN codes -> 480.
+double e4m3_value(uint8_t b) {
+  const int sign = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return sign ? -mag : mag;
+}
 
 Packed make_weights(const Problem& p) {
   Packed pk;
   const int sources = p.epi == Epilogue::siluup ? 2 : 1;
   const bool int4 = p.fmt == WeightFormat::int4, bf16 = p.fmt == WeightFormat::bf16;
+  const bool fp8 = p.fmt == WeightFormat::fp8;
+  pk.fp8_block = fp8 && p.seed % 2 == 0;  // alternate 128x128 block scales and row scales
   pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources,
                                          bf16   ? 16
                                          : int4 ? 4
                                                 : 8,
-                                         bf16 ? bf16_kgroup(p.isa) : 0);  // bf16: k pairs
+                                         bf16  ? bf16_kgroup(p.isa)
+                                         : fp8 ? 1
+                                               : 0,  // bf16: k pairs
+                                         fp8 ? (pk.fp8_block ? 128 : p.K) : 0);
   pk.w.resize(size_t(pk.layout.total_bytes()));
   pk.scale.resize(size_t(pk.layout.total_cols()));
   pk.comp.resize(size_t(pk.layout.total_cols()));
+  if (fp8) {
+    std::mt19937 rng(p.seed);
+    const int64_t nb = (p.N + 127) / 128, kb = (p.K + 127) / 128;
+    for (int s = 0; s < sources; ++s) {
+      pk.w8.emplace_back(size_t(p.N * p.K));
+      for (auto& b : pk.w8.back()) b = uint8_t(rng() & 0xff);  // every code, NaN codes included
+      pk.bs.push_back(test::random_floats(size_t(pk.fp8_block ? nb * kb : p.N), p.seed + 7 + s));
+      for (auto& v : pk.bs.back()) v = std::fabs(v) * 0.01f + 1e-4f;
+    }
+    pk.gscale.resize(size_t(std::max<int64_t>(pk.layout.gscale_floats(), 1)));
+    const uint8_t* ws[2] = {pk.w8[0].data(), pk.w8.back().data()};
+    const float* ss[2] = {pk.bs[0].data(), pk.bs.back().data()};
+    formats::pack_fp8_strips(pk.layout, ws, pk.fp8_block ? ss : nullptr,
+                             pk.fp8_block ? nullptr : ss, reinterpret_cast<uint8_t*>(pk.w.data()),
+                             pk.scale.data(), pk.comp.data(), pk.gscale.data());
+    return pk;
+  }
   if (bf16) {
     std::vector<std::vector<float>> wf;
     for (int s = 0; s < sources; ++s)
@@ -248,6 +293,10 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     args.out_col = s0 * out_full;
     args.row_weight = rw.data() + row0;
     args.m_blocks = blocks;
+    args.w_gscale =
+        pk.gscale.empty() ? nullptr : pk.gscale.data() + s0 * l.gscale_floats_per_strip();
+    args.g_steps = l.g_steps;
+    args.g_per_strip = l.groups();
     if (use_ref) {
       gemm_ref(key, args);
     } else {
@@ -273,7 +322,7 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
 
 void check_problem(const Problem& p, std::vector<std::string>* names) {
   Packed pk = make_weights(p);
-  const bool f32_rows = p.fmt == WeightFormat::bf16;
+  const bool f32_rows = p.fmt == WeightFormat::bf16 || p.fmt == WeightFormat::fp8;
   const int64_t lda = (pk.layout.padded_k() + 8) * (f32_rows ? 4 : 1);
   std::mt19937 rng(p.seed + 1);
   std::uniform_int_distribution<int> qd(-127, 127);
@@ -313,6 +362,28 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
         ASSERT_EQ(want, ref_rows[size_t(m)][n]) << p.repro() << " m=" << m << " n=" << n;
       }
   }
+  // fp8: the reference against float64 over e4m3 decoded from its definition, within fp32
+  // summation error.
+  if (p.epi == Epilogue::store && p.fmt == WeightFormat::fp8) {
+    const int64_t kb = (p.K + 127) / 128;
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t n = 0; n < p.N; ++n) {
+        double want = 0, mag = 0;
+        for (int64_t k = 0; k < p.K; ++k) {
+          const double s =
+              pk.fp8_block ? pk.bs[0][size_t((n / 128) * kb + k / 128)] : pk.bs[0][size_t(n)];
+          const double t =
+              double(af[size_t(m * p.K + k)]) * e4m3_value(pk.w8[0][size_t(n * p.K + k)]) * s;
+          want += t;
+          mag += std::fabs(t);
+        }
+        want *= as[size_t(m)];
+        const double got = ref_rows[size_t(m)][n];
+        // fp32 rounding of every product and partial sum: at most (K + 2) ulps of the magnitude
+        ASSERT_LE(std::fabs(got - want), double(p.K + 2) * 0x1p-23 * mag * as[size_t(m)] + 1e-30)
+            << p.repro() << " m=" << m << " n=" << n;
+      }
+  }
 }
 
 TEST(A64Gemm, SweepMatchesReferenceBitwise) {
@@ -332,7 +403,8 @@ TEST(A64Gemm, SweepMatchesReferenceBitwise) {
   size_t checked = 0;
   for (IsaLevel isa : levels) {
     std::vector<std::string> names;
-    for (WeightFormat fmt : {WeightFormat::int8, WeightFormat::int4, WeightFormat::bf16})
+    for (WeightFormat fmt :
+         {WeightFormat::int8, WeightFormat::int4, WeightFormat::bf16, WeightFormat::fp8})
       for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
         for (int64_t M : Ms)
           for (int64_t N : Ns)
@@ -341,6 +413,16 @@ TEST(A64Gemm, SweepMatchesReferenceBitwise) {
               if (HasFatalFailure()) return;
               ++checked;
             }
+    // fp8 over several 128-wide scale groups, the last one short (and one row-scale group).
+    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+      for (int64_t M : {int64_t(1), int64_t(2), int64_t(5)})
+        for (int64_t N : {int64_t(16), int64_t(40)})
+          for (uint32_t parity : {0u, 1u}) {
+            const uint32_t s = seed++ * 2 + parity;  // even seeds: block scales, odd: rows
+            check_problem({isa, WeightFormat::fp8, epi, M, N, 261, s}, &names);
+            if (HasFatalFailure()) return;
+            ++checked;
+          }
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
     EXPECT_GE(names.size(), 80u) << isa_name(isa);

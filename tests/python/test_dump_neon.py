@@ -23,6 +23,7 @@ needs_objdump = pytest.mark.skipif(
         ("neon_bf16", "AMXINT4", "sdot"),
         ("neon", "BF16", "shl"),  # bf16 k pairs -> fp32 (shl #16, bic), then fmla
         ("neon_bf16", "BF16", "bfdot"),  # the pair tier: bfdot on bf16 activations
+        ("neon", "FP8", "fcvtl2"),  # e4m3 -> fp16 bits (sshll #7, bic) -> fp32, group sums
     ],
 )
 def test_dump_prints_aarch64_kernels(capsys, isa, method, mnemonic):
@@ -30,7 +31,7 @@ def test_dump_prints_aarch64_kernels(capsys, isa, method, mnemonic):
     out = capsys.readouterr().out
     tag = {"neon": "neon", "neon_dotprod": "neondot", "neon_bf16": "neonbf16"}[isa]
     assert f"isa={isa}" in out
-    fmt = {"BF16": "bf16", "AMXINT8": "int8", "AMXINT4": "int4"}[method]
+    fmt = {"BF16": "bf16", "AMXINT8": "int8", "AMXINT4": "int4", "FP8": "fp8"}[method]
     assert f"== gemm_decode_{fmt}_{tag}_m1n16_siluup" in out
     assert f"\t{mnemonic}\t" in out, out[:2000]
     assert "\tret" in out
@@ -48,7 +49,7 @@ def test_dump_generates_without_disassembly(capsys):
 
 
 def test_dump_neon_refuses_formats_it_lacks(capsys):
-    assert dump.main(["--isa", "neon_dotprod", "--method", "FP8", "--no-disasm"] + SHAPE) == 1
+    assert dump.main(["--isa", "neon_dotprod", "--method", "MXFP4", "--no-disasm"] + SHAPE) == 1
     assert "not generated for NEON" in capsys.readouterr().err
 
 
