@@ -203,12 +203,7 @@ struct Packed {
   bool fp8_block = false;
 };
 
-// e4m3fn decoded from its definition (independent of the kernels' bit trick); NaN codes -> 480.
-double e4m3_value(uint8_t b) {
-  const int sign = b >> 7, e = (b >> 3) & 15, m = b & 7;
-  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return sign ? -mag : mag;
-}
+using test::e4m3_value;
 
 Packed make_weights(const Problem& p) {
   Packed pk;
@@ -228,20 +223,11 @@ Packed make_weights(const Problem& p) {
   pk.scale.resize(size_t(pk.layout.total_cols()));
   pk.comp.resize(size_t(pk.layout.total_cols()));
   if (fp8) {
-    std::mt19937 rng(p.seed);
-    const int64_t nb = (p.N + 127) / 128, kb = (p.K + 127) / 128;
-    for (int s = 0; s < sources; ++s) {
-      pk.w8.emplace_back(size_t(p.N * p.K));
-      for (auto& b : pk.w8.back()) b = uint8_t(rng() & 0xff);  // every code, NaN codes included
-      pk.bs.push_back(test::random_floats(size_t(pk.fp8_block ? nb * kb : p.N), p.seed + 7 + s));
-      for (auto& v : pk.bs.back()) v = std::fabs(v) * 0.01f + 1e-4f;
-    }
-    pk.gscale.resize(size_t(std::max<int64_t>(pk.layout.gscale_floats(), 1)));
-    const uint8_t* ws[2] = {pk.w8[0].data(), pk.w8.back().data()};
-    const float* ss[2] = {pk.bs[0].data(), pk.bs.back().data()};
-    formats::pack_fp8_strips(pk.layout, ws, pk.fp8_block ? ss : nullptr,
-                             pk.fp8_block ? nullptr : ss, reinterpret_cast<uint8_t*>(pk.w.data()),
-                             pk.scale.data(), pk.comp.data(), pk.gscale.data());
+    test::Fp8Weights f = test::pack_random_fp8(pk.layout, p.N, p.K, p.seed, pk.fp8_block,
+                                               pk.w.data(), pk.scale.data(), pk.comp.data());
+    pk.w8 = std::move(f.w8);
+    pk.bs = std::move(f.bs);
+    pk.gscale = std::move(f.gscale);
     return pk;
   }
   if (bf16) {

@@ -9,6 +9,7 @@
 #include "jit/kernel.hpp"
 #include "jit/x64/bench_loops.hpp"
 #include "runtime/machine_limits.hpp"
+#include "test_util.hpp"
 
 namespace ktjit {
 namespace {
@@ -20,22 +21,8 @@ const IsaLevel kX86Levels[] = {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx51
 const PeakOp kOps[] = {PeakOp::vpdpbusd, PeakOp::maddubsw,  PeakOp::fma_f32,   PeakOp::dpbf16,
                        PeakOp::tdpbusd,  PeakOp::tdpbf16ps, PeakOp::maddubsw_w};
 
-KernelKey peak_key(IsaLevel isa, PeakOp op) {
-  KernelKey k;
-  k.kind = KernelKind::peak_loop;
-  k.isa = isa;
-  k.format = WeightFormat::none;
-  k.variant = uint8_t(op);
-  return k;
-}
-
-KernelKey read_key(IsaLevel isa) {
-  KernelKey k;
-  k.kind = KernelKind::read_stream;
-  k.isa = isa;
-  k.format = WeightFormat::none;
-  return k;
-}
+using test::peak_key;
+using test::read_key;
 
 bool op_valid(IsaLevel isa, PeakOp op) {
   switch (op) {

@@ -13,28 +13,15 @@
 #include "jit/cpu/cpu.hpp"
 #include "jit/kernel.hpp"
 #include "runtime/machine_limits.hpp"
+#include "test_util.hpp"
 
 namespace ktjit {
 namespace {
 
 const IsaLevel kNeonLevels[] = {IsaLevel::neon, IsaLevel::neon_dotprod, IsaLevel::neon_bf16};
 
-KernelKey peak_key(IsaLevel isa, PeakOp op) {
-  KernelKey k;
-  k.kind = KernelKind::peak_loop;
-  k.isa = isa;
-  k.format = WeightFormat::none;
-  k.variant = uint8_t(op);
-  return k;
-}
-
-KernelKey read_key(IsaLevel isa) {
-  KernelKey k;
-  k.kind = KernelKind::read_stream;
-  k.isa = isa;
-  k.format = WeightFormat::none;
-  return k;
-}
+using test::peak_key;
+using test::read_key;
 
 // Which ops a NEON level has (the generator must agree).
 bool neon_op_valid(IsaLevel isa, PeakOp op) {

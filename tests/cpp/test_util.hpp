@@ -1,12 +1,16 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "formats/int8.hpp"
+#include "jit/bench_loops.hpp"
 #include "jit/cpu/cpu.hpp"
+#include "jit/kernel.hpp"
 
 namespace ktjit::test {
 
@@ -42,6 +46,57 @@ inline size_t count_containing(const std::vector<std::string>& names, const std:
   return size_t(std::count_if(names.begin(), names.end(), [&](const std::string& n) {
     return n.find(part) != std::string::npos;
   }));
+}
+
+// Keys of the measurement loops (jit/bench_loops.hpp).
+inline KernelKey peak_key(IsaLevel isa, PeakOp op) {
+  KernelKey k;
+  k.kind = KernelKind::peak_loop;
+  k.isa = isa;
+  k.format = WeightFormat::none;
+  k.variant = uint8_t(op);
+  return k;
+}
+inline KernelKey read_key(IsaLevel isa) {
+  KernelKey k;
+  k.kind = KernelKind::read_stream;
+  k.isa = isa;
+  k.format = WeightFormat::none;
+  return k;
+}
+
+// e4m3fn decoded from its definition (independent of the kernels' bit trick); NaN codes -> 480.
+inline double e4m3_value(uint8_t b) {
+  const int sign = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return sign ? -mag : mag;
+}
+
+// Random fp8 weights for an N x K problem of `layout.sources` sources, packed: every e4m3 code
+// (NaN codes included), 128x128 block scales (`block`) or row scales, the group scale table.
+struct Fp8Weights {
+  std::vector<std::vector<uint8_t>> w8;  // per source, N x K e4m3 bytes
+  std::vector<std::vector<float>> bs;    // per source, block or row scales
+  std::vector<float> gscale;             // the group scale table
+};
+inline Fp8Weights pack_random_fp8(const formats::StripLayout& l, int64_t N, int64_t K,
+                                  uint32_t seed, bool block, int8_t* out, float* scale,
+                                  int32_t* comp) {
+  Fp8Weights f;
+  std::mt19937 rng(seed);
+  const int64_t nb = (N + 127) / 128, kb = (K + 127) / 128;
+  for (int s = 0; s < l.sources; ++s) {
+    f.w8.emplace_back(size_t(N * K));
+    for (auto& b : f.w8.back()) b = uint8_t(rng() & 0xff);
+    f.bs.push_back(random_floats(size_t(block ? nb * kb : N), seed + 7 + uint32_t(s)));
+    for (auto& v : f.bs.back()) v = std::fabs(v) * 0.01f + 1e-4f;
+  }
+  f.gscale.resize(size_t(std::max<int64_t>(l.gscale_floats(), 1)));
+  const uint8_t* ws[2] = {f.w8[0].data(), f.w8.back().data()};
+  const float* ss[2] = {f.bs[0].data(), f.bs.back().data()};
+  formats::pack_fp8_strips(l, ws, block ? ss : nullptr, block ? nullptr : ss,
+                           reinterpret_cast<uint8_t*>(out), scale, comp, f.gscale.data());
+  return f;
 }
 
 }  // namespace ktjit::test

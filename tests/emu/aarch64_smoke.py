@@ -22,13 +22,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 
 T0 = time.time()
 import torch  # noqa: E402
 
 T_TORCH = time.time() - T0
 import kt_jit  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from smoke_checks import check, run  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import conftest as ref  # noqa: E402  (plain torch: the reference of the pytest suite)
@@ -40,20 +42,6 @@ METHODS = {
     "AMXINT4": (ref.quantize_rows_int4, 3e-2),
     "BF16": (lambda w: (w.to(torch.bfloat16).to(torch.float32), torch.ones(1)), 1e-2),
 }
-
-passed = 0
-failed = 0
-
-
-def check(name: str, ok: bool, detail: str = "") -> bool:
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"PASS {name}" + (f" ({detail})" if detail else ""), flush=True)
-    else:
-        failed += 1
-        print(f"FAIL {name}" + (f": {detail}" if detail else ""), flush=True)
-    return ok
 
 
 def isa_tag(isa: str) -> str:
@@ -216,12 +204,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # any crash is a failure with its traceback, not a silent exit
-        traceback.print_exc()
-        check("smoke ran to the end", False, "exception (traceback above)")
-    print(
-        f"smoke: {passed} passed, {failed} failed ({time.time() - T0:.1f} s in total)", flush=True
-    )
-    sys.exit(1 if failed else 0)
+    run(main, T0)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 
 T0 = time.time()
 import torch  # noqa: E402
@@ -23,22 +22,11 @@ import torch  # noqa: E402
 T_TORCH = time.time() - T0
 import kt_jit  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from smoke_checks import check, run  # noqa: E402
+
 E, K, H, I = 8, 2, 64, 48
 TOL = 3e-2  # relative L1 vs the dequantized fp32 reference (as tests/python/test_moe_int8.py)
-
-passed = 0
-failed = 0
-
-
-def check(name: str, ok: bool, detail: str = "") -> bool:
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"PASS {name}" + (f" ({detail})" if detail else ""), flush=True)
-    else:
-        failed += 1
-        print(f"FAIL {name}" + (f": {detail}" if detail else ""), flush=True)
-    return ok
 
 
 # --- independent torch reference (same math as tests/python/conftest.py: moe_reference) --------
@@ -173,12 +161,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # any crash is a failure with its traceback, not a silent exit
-        traceback.print_exc()
-        check("smoke ran to the end", False, "exception (traceback above)")
-    print(
-        f"smoke: {passed} passed, {failed} failed ({time.time() - T0:.1f} s in total)", flush=True
-    )
-    sys.exit(1 if failed else 0)
+    run(main, T0)
