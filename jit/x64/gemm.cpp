@@ -25,15 +25,18 @@ namespace ktjit::x64 {
 namespace {
 
 // How far ahead decode kernels prefetch their weight stream. 3072 bytes was the best of
-// 0/1024/2048/3072 at DeepSeek-V3 T = 1 for MXFP4, FP8, BF16 and INT8 on a Xeon (2026-11-22); a
-// Zen 3 VM did better at 1536 for INT8 and Q4_K but worse for FP8 and MXFP4 (docs/BENCHMARKS.md),
-// so the distance is a per-machine tuning: KT_JIT_DECODE_PREFETCH=<bytes> (0 = none, a multiple
-// of 64 up to 65536) overrides it for every kernel this process generates.
-constexpr int kDecodePrefetch = 3072;
-int decode_prefetch_bytes() {
-  static const int bytes = [] {
+// 0/1024/2048/3072 at DeepSeek-V3 T = 1 for MXFP4, FP8, BF16 and INT8 on a Xeon (2026-11-22). On
+// AMD (a Zen 3 VM, two sessions of alternating processes against adjacent read probes,
+// docs/BENCHMARKS.md) the integer formats with the least work per byte, int8 and the qgroup
+// (GGUF / RAWINT4 / GPTQ) kernels, streamed closer to the probe at 1536 (INT8, Q4_K, Q8_0), while
+// FP8 and MXFP4 did worse there and BF16 and INT4 were split: so AMD CPUs take 1536 for int8 and
+// qgroup, everything else 3072. KT_JIT_DECODE_PREFETCH=<bytes> (0 = none, a multiple of 64 up to
+// 65536) overrides it for every kernel this process generates.
+constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536;
+int decode_prefetch_bytes(WeightFormat fmt) {
+  static const int env_bytes = [] {
     const char* env = std::getenv("KT_JIT_DECODE_PREFETCH");
-    if (!env || !*env) return kDecodePrefetch;
+    if (!env || !*env) return -1;
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
     if (*end || v < 0 || v > 65536 || v % 64)
@@ -42,7 +45,11 @@ int decode_prefetch_bytes() {
                                   env + "'");
     return int(v);
   }();
-  return bytes;
+  if (env_bytes >= 0) return env_bytes;
+  static const bool amd =
+      cpu_features().vendor == "AuthenticAMD" || cpu_features().vendor == "HygonGenuine";
+  const bool lean_int = fmt == WeightFormat::int8 || fmt == WeightFormat::qgroup;
+  return amd && lean_int ? kDecodePrefetchAmdInt : kDecodePrefetch;
 }
 
 using namespace Xbyak;
@@ -1058,7 +1065,7 @@ class GemmGenerator : public JitGenerator {
   // call (strip after strip), and the hardware prefetcher alone left 10-25 % of the read
   // bandwidth unused.
   void advance_w(int bytes) {
-    const int ahead = decode_prefetch_bytes();
+    const int ahead = decode_prefetch_bytes(key_.format);
     if (!prefill_ && ahead > 0)
       for (int off = 0; off < bytes; off += 64) prefetcht0(ptr[reg_w + ahead + off]);
     add(reg_w, bytes);
