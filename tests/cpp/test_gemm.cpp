@@ -77,11 +77,8 @@ Packed make_weights(const Problem& p) {
   pk.scale.resize(size_t(pk.layout.total_cols()));
   pk.comp.resize(size_t(pk.layout.total_cols()));
   if (fp8) {
-    test::Fp8Weights f = test::pack_random_fp8(pk.layout, p.N, p.K, p.seed, pk.fp8_block,
-                                               pk.w.data(), pk.scale.data(), pk.comp.data());
-    pk.w8 = std::move(f.w8);
-    pk.bs = std::move(f.bs);
-    pk.gscale = std::move(f.gscale);
+    test::pack_random_fp8(pk.layout, p.N, p.K, p.seed, pk.fp8_block, pk.w.data(), pk.scale.data(),
+                          pk.comp.data(), pk.w8, pk.bs, pk.gscale);
     return pk;
   }
   if (bf16) {

@@ -72,31 +72,26 @@ inline double e4m3_value(uint8_t b) {
   return sign ? -mag : mag;
 }
 
-// Random fp8 weights for an N x K problem of `layout.sources` sources, packed: every e4m3 code
-// (NaN codes included), 128x128 block scales (`block`) or row scales, the group scale table.
-struct Fp8Weights {
-  std::vector<std::vector<uint8_t>> w8;  // per source, N x K e4m3 bytes
-  std::vector<std::vector<float>> bs;    // per source, block or row scales
-  std::vector<float> gscale;             // the group scale table
-};
-inline Fp8Weights pack_random_fp8(const formats::StripLayout& l, int64_t N, int64_t K,
-                                  uint32_t seed, bool block, int8_t* out, float* scale,
-                                  int32_t* comp) {
-  Fp8Weights f;
+// Random fp8 weights for an N x K problem of `layout.sources` sources, packed into `out`, `scale`
+// and `comp`: every e4m3 code (NaN codes included), 128x128 block scales (`block`) or row scales.
+// Fills, per source, the e4m3 bytes `w8` (N x K) and the scales `bs`, and the group scale table.
+inline void pack_random_fp8(const formats::StripLayout& l, int64_t N, int64_t K, uint32_t seed,
+                            bool block, int8_t* out, float* scale, int32_t* comp,
+                            std::vector<std::vector<uint8_t>>& w8,
+                            std::vector<std::vector<float>>& bs, std::vector<float>& gscale) {
   std::mt19937 rng(seed);
   const int64_t nb = (N + 127) / 128, kb = (K + 127) / 128;
   for (int s = 0; s < l.sources; ++s) {
-    f.w8.emplace_back(size_t(N * K));
-    for (auto& b : f.w8.back()) b = uint8_t(rng() & 0xff);
-    f.bs.push_back(random_floats(size_t(block ? nb * kb : N), seed + 7 + uint32_t(s)));
-    for (auto& v : f.bs.back()) v = std::fabs(v) * 0.01f + 1e-4f;
+    w8.emplace_back(size_t(N * K));
+    for (auto& b : w8.back()) b = uint8_t(rng() & 0xff);
+    bs.push_back(random_floats(size_t(block ? nb * kb : N), seed + 7 + uint32_t(s)));
+    for (auto& v : bs.back()) v = std::fabs(v) * 0.01f + 1e-4f;
   }
-  f.gscale.resize(size_t(std::max<int64_t>(l.gscale_floats(), 1)));
-  const uint8_t* ws[2] = {f.w8[0].data(), f.w8.back().data()};
-  const float* ss[2] = {f.bs[0].data(), f.bs.back().data()};
+  gscale.resize(size_t(std::max<int64_t>(l.gscale_floats(), 1)));
+  const uint8_t* ws[2] = {w8[0].data(), w8.back().data()};
+  const float* ss[2] = {bs[0].data(), bs.back().data()};
   formats::pack_fp8_strips(l, ws, block ? ss : nullptr, block ? nullptr : ss,
-                           reinterpret_cast<uint8_t*>(out), scale, comp, f.gscale.data());
-  return f;
+                           reinterpret_cast<uint8_t*>(out), scale, comp, gscale.data());
 }
 
 }  // namespace ktjit::test

@@ -30,7 +30,7 @@ T_TORCH = time.time() - T0
 import kt_jit  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from smoke_checks import check, run  # noqa: E402
+from smoke_checks import check, check_matches_reference, run  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import conftest as ref  # noqa: E402  (plain torch: the reference of the pytest suite)
@@ -70,16 +70,13 @@ def run_method(method: str, want_isa: str) -> None:
             tuple(out.shape) == (T, H) and bool(torch.isfinite(out).all()),
             f"{tuple(out.shape)}, {dt:.2f} s",
         )
-        xs, ids_c, w_c = x.contiguous(), ids.contiguous(), w.contiguous()
-        ref_out = torch.empty(T, H, dtype=torch.float32)
-        layer.forward_reference(
-            T, xs.data_ptr(), ids_c.data_ptr(), w_c.data_ptr(), 0, ref_out.data_ptr()
-        )
-        diff = (out - ref_out).abs().max().item()
-        check(
+        check_matches_reference(
             f"{method} T={T} generated {want_isa} == forward_reference bitwise",
-            torch.equal(out, ref_out),
-            f"max |diff| = {diff:.3g}",
+            layer,
+            x,
+            ids,
+            w,
+            out,
         )
         expect = ref.moe_reference(x, ids, w, gate, up, down, pmap=pmap, wq=quantizer)
         err = ref.rel_l1(out, expect)
@@ -117,14 +114,9 @@ def run_fp8(want_isa: str) -> None:
         x = torch.randn(T, h, generator=torch.Generator().manual_seed(200 + T))
         ids, w = ref.make_routing(T, e, k, seed=T)
         out = torch.empty(T, h)
-        expect_bits = torch.empty(T, h)
-        args = (x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0)
-        layer.forward(T, *args, out.data_ptr())
-        layer.forward_reference(T, *args, expect_bits.data_ptr())
-        check(
-            f"FP8 T={T} generated {want_isa} == forward_reference bitwise",
-            torch.equal(out, expect_bits),
-            f"max |diff| = {(out - expect_bits).abs().max().item():.3g}",
+        layer.forward(T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr())
+        check_matches_reference(
+            f"FP8 T={T} generated {want_isa} == forward_reference bitwise", layer, x, ids, w, out
         )
         expect = ref.moe_reference(x, ids, w, gate, up, down, wq=lambda t: (t, torch.ones(1)))
         err = ref.rel_l1(out, expect)

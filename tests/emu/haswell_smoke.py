@@ -23,7 +23,7 @@ T_TORCH = time.time() - T0
 import kt_jit  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from smoke_checks import check, run  # noqa: E402
+from smoke_checks import check, check_matches_reference, run  # noqa: E402
 
 E, K, H, I = 8, 2, 64, 48
 TOL = 3e-2  # relative L1 vs the dequantized fp32 reference (as tests/python/test_moe_int8.py)
@@ -141,16 +141,8 @@ def main() -> int:
             bool(torch.isfinite(out).all()) and bool(out.abs().sum() > 0),
         )
 
-        xs, ids_c, w_c = x.contiguous(), ids.contiguous(), w.contiguous()
-        ref_out = torch.empty(T, H, dtype=torch.float32)
-        layer.forward_reference(
-            T, xs.data_ptr(), ids_c.data_ptr(), w_c.data_ptr(), 0, ref_out.data_ptr()
-        )
-        diff = (out - ref_out).abs().max().item()
-        check(
-            f"T={T} generated avx2 == forward_reference bitwise",
-            torch.equal(out, ref_out),
-            f"max |diff| = {diff:.3g}",
+        check_matches_reference(
+            f"T={T} generated avx2 == forward_reference bitwise", layer, x, ids, w, out
         )
 
         torch_ref = moe_reference(x, ids, w, gate, up, down, pmap)

@@ -22,6 +22,20 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
     return ok
 
 
+def check_matches_reference(name: str, layer, x, ids, w, out) -> bool:
+    """``out`` (the generated kernels' forward) against the layer's plain C++ reference path on
+    the same inputs, bit for bit."""
+    import torch
+
+    xs, ids_c, w_c = x.contiguous(), ids.contiguous(), w.contiguous()
+    ref_out = torch.empty(out.shape, dtype=torch.float32)
+    layer.forward_reference(
+        x.shape[0], xs.data_ptr(), ids_c.data_ptr(), w_c.data_ptr(), 0, ref_out.data_ptr()
+    )
+    diff = (out - ref_out).abs().max().item()
+    return check(name, torch.equal(out, ref_out), f"max |diff| = {diff:.3g}")
+
+
 def run(main: Callable[[], object], t0: float) -> None:
     """Runs ``main``; a crash is a failed check with its traceback, never a silent exit. Prints
     ``smoke: N passed, M failed`` and exits 1 if anything failed."""
