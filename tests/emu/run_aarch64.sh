@@ -25,16 +25,9 @@ JOBS="${JOBS:-2}"
 SYSROOT="/usr/aarch64-linux-gnu"
 FILTER="${KT_JIT_A64_GTEST_FILTER:-*}"
 
-passed=0
-failed=0
-t_start=$(date +%s)
-
-finish() {
-    echo "aarch64: total $(($(date +%s) - t_start)) s"
-    echo "aarch64: ${passed} passed, ${failed} failed"
-    [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
-    exit $?
-}
+EMU_TAG="aarch64"
+# shellcheck source=tests/emu/lib.sh
+. tests/emu/lib.sh
 
 need() {  # command, what installs it
     if ! command -v "$1" >/dev/null 2>&1; then
@@ -96,21 +89,7 @@ run_model() {  # cpu model, the level it must select
     KT_JIT_EXPECT_ISA="$want" "$QEMU" -L "$SYSROOT" -cpu "$cpu" "$BUILD_DIR/ktjit_tests" \
         --gtest_filter="$FILTER" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
-    ok=$(grep -cE '^\[ +OK \] .*\([0-9]+ ms\)' "$log" || true)
-    bad=$(grep -cE '^\[ +FAILED +\] .*\([0-9]+ ms\)' "$log" || true)
-    skipped=$(grep -cE '^\[ +SKIPPED +\] .*\([0-9]+ ms\)' "$log" || true)
-    passed=$((passed + ok))
-    failed=$((failed + bad))
-    if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
-        # a crash (e.g. 132 = SIGILL) ends the run without a FAILED line: count it
-        echo "aarch64: ktjit_tests exited with status $rc (signal $((rc > 128 ? rc - 128 : 0)))" \
-             "under -cpu $cpu without reporting a failed test"
-        failed=$((failed + 1))
-    fi
-    if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ]; then
-        echo "aarch64: no GoogleTest test ran under -cpu $cpu"
-        failed=$((failed + 1))
-    fi
+    count_gtest "$log" "$rc" "ktjit_tests under -cpu $cpu"
     got=$(sed -n 's/^a64: selected isa \([a-z0-9_]*\)$/\1/p' "$log" | head -1)
     if [ "$FILTER" = "*" ] || grep -q "^a64: selected isa" "$log"; then
         if [ "$got" != "$want" ]; then

@@ -36,22 +36,9 @@ PYINC="$WORK/pyinc"
 PKG="$WORK/pkg"
 SMOKE="tests/emu/aarch64_smoke.py"
 
-passed=0
-failed=0
-t_start=$(date +%s)
-
-finish() {
-    echo "aarch64-python: total $(($(date +%s) - t_start)) s"
-    echo "aarch64-python: ${passed} passed, ${failed} failed"
-    [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
-    exit $?
-}
-
-fail() {  # message
-    echo "aarch64-python: $1" >&2
-    failed=$((failed + 1))
-    finish
-}
+EMU_TAG="aarch64-python"
+# shellcheck source=tests/emu/lib.sh
+. tests/emu/lib.sh
 
 for tool in aarch64-linux-gnu-g++ "$QEMU" cmake apt-get apt-cache dpkg-deb; do
     command -v "$tool" >/dev/null 2>&1 || fail "$tool not found (tools/setup.sh installs it)"
@@ -139,18 +126,7 @@ run_model() {  # cpu model, the level it must select
     KT_JIT_EXPECT_ISA="$want" PYTHONPATH="$PKG:$SITE" PYTHONDONTWRITEBYTECODE=1 \
         "$QEMU" -L "$ROOT" -cpu "$cpu" "$PY" "$SMOKE" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
-    ok=$(grep -c '^PASS ' "$log" || true)
-    bad=$(grep -c '^FAIL ' "$log" || true)
-    passed=$((passed + ok))
-    failed=$((failed + bad))
-    if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
-        echo "aarch64-python: python exited with status $rc under -cpu $cpu without a failed check"
-        failed=$((failed + 1))
-    fi
-    if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ]; then
-        echo "aarch64-python: no smoke check ran under -cpu $cpu"
-        failed=$((failed + 1))
-    fi
+    count_checks "$log" "$rc" "python under -cpu $cpu"
     selected+=("$(sed -n 's/^PASS isa is \([a-z0-9_]*\).*/\1/p' "$log" | head -1)")
     echo "aarch64-python: -cpu $cpu: $ok passed, $bad failed, status $rc, $(($(date +%s) - t0)) s"
 }

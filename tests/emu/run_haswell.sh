@@ -32,16 +32,9 @@ SMOKE="tests/emu/haswell_smoke.py"
 #   itself is checked under emulation by the smoke test (cpu_features()["avx512f"] is False).
 GTEST_EXCLUDE="Cpu.ProbeAgreesWithKernelFlags"
 
-passed=0
-failed=0
-t_start=$(date +%s)
-
-finish() {
-    echo "haswell: total $(($(date +%s) - t_start)) s"
-    echo "haswell: ${passed} passed, ${failed} failed"
-    [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
-    exit $?
-}
+EMU_TAG="haswell"
+# shellcheck source=tests/emu/lib.sh
+. tests/emu/lib.sh
 
 if [ "$(uname -m)" != "x86_64" ]; then
     echo "haswell: this check needs an x86-64 host (qemu-x86_64 runs the same binaries)" >&2
@@ -94,20 +87,7 @@ t0=$(date +%s)
 "$QEMU" -cpu "$QEMU_CPU" "$BUILD_DIR/ktjit_tests" --gtest_filter="-$GTEST_EXCLUDE" 2>&1 |
     qemu_filter | tee "$log"
 rc=${PIPESTATUS[0]}
-ok=$(grep -cE '^\[ +OK \] .*\([0-9]+ ms\)' "$log" || true)
-bad=$(grep -cE '^\[ +FAILED +\] .*\([0-9]+ ms\)' "$log" || true)
-skipped=$(grep -cE '^\[ +SKIPPED +\] .*\([0-9]+ ms\)' "$log" || true)
-passed=$((passed + ok))
-failed=$((failed + bad))
-if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
-    # a crash (e.g. 132 = SIGILL) ends the run without a FAILED line: count it
-    echo "haswell: ktjit_tests exited with status $rc (signal $((rc > 128 ? rc - 128 : 0))) without reporting a failed test"
-    failed=$((failed + 1))
-fi
-if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ]; then
-    echo "haswell: no GoogleTest test ran"
-    failed=$((failed + 1))
-fi
+count_gtest "$log" "$rc" ktjit_tests
 echo "haswell: gtest $ok passed, $bad failed, $skipped skipped, status $rc, $(($(date +%s) - t0)) s"
 
 # --- 2. Python smoke test (the whole interpreter, torch included, is emulated) -------------
@@ -115,18 +95,7 @@ echo "== haswell: $QEMU -cpu $QEMU_CPU $PY_BIN $SMOKE"
 t0=$(date +%s)
 "$QEMU" -cpu "$QEMU_CPU" "$PY_BIN" "$SMOKE" 2>&1 | qemu_filter | tee "$log"
 rc=${PIPESTATUS[0]}
-ok=$(grep -c '^PASS ' "$log" || true)
-bad=$(grep -c '^FAIL ' "$log" || true)
-passed=$((passed + ok))
-failed=$((failed + bad))
-if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
-    echo "haswell: python exited with status $rc (signal $((rc > 128 ? rc - 128 : 0))) without reporting a failed check"
-    failed=$((failed + 1))
-fi
-if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ]; then
-    echo "haswell: no smoke check ran"
-    failed=$((failed + 1))
-fi
+count_checks "$log" "$rc" python
 echo "haswell: smoke $ok passed, $bad failed, status $rc, $(($(date +%s) - t0)) s"
 
 finish

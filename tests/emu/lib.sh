@@ -1,0 +1,59 @@
+# Bookkeeping shared by the emulation scripts (run_haswell.sh, run_aarch64.sh,
+# run_aarch64_python.sh). Source it after setting EMU_TAG, the prefix of every line it prints.
+# Every script ends with "$EMU_TAG: N passed, M failed" and a non-zero status on any failure.
+
+passed=0
+failed=0
+t_start=$(date +%s)
+
+finish() {
+    echo "$EMU_TAG: total $(($(date +%s) - t_start)) s"
+    echo "$EMU_TAG: ${passed} passed, ${failed} failed"
+    [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+    exit $?
+}
+
+fail() {  # message: one failure, then the summary
+    echo "$EMU_TAG: $1" >&2
+    failed=$((failed + 1))
+    finish
+}
+
+# count_gtest LOG STATUS WHAT: adds a GoogleTest run's OK / FAILED lines to the totals; a crash
+# (e.g. 132 = SIGILL ends the run without a FAILED line) or a run of no test counts as a failure.
+# Leaves ok, bad and skipped for the caller's summary line.
+count_gtest() {
+    local log="$1" rc="$2" what="$3"
+    ok=$(grep -cE '^\[ +OK \] .*\([0-9]+ ms\)' "$log" || true)
+    bad=$(grep -cE '^\[ +FAILED +\] .*\([0-9]+ ms\)' "$log" || true)
+    skipped=$(grep -cE '^\[ +SKIPPED +\] .*\([0-9]+ ms\)' "$log" || true)
+    passed=$((passed + ok))
+    failed=$((failed + bad))
+    if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
+        echo "$EMU_TAG: $what exited with status $rc (signal $((rc > 128 ? rc - 128 : 0)))" \
+             "without reporting a failed test"
+        failed=$((failed + 1))
+    fi
+    if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ]; then
+        echo "$EMU_TAG: no GoogleTest test ran ($what)"
+        failed=$((failed + 1))
+    fi
+}
+
+# count_checks LOG STATUS WHAT: the same for a smoke test's PASS / FAIL lines (ok, bad left set).
+count_checks() {
+    local log="$1" rc="$2" what="$3"
+    ok=$(grep -c '^PASS ' "$log" || true)
+    bad=$(grep -c '^FAIL ' "$log" || true)
+    passed=$((passed + ok))
+    failed=$((failed + bad))
+    if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
+        echo "$EMU_TAG: $what exited with status $rc (signal $((rc > 128 ? rc - 128 : 0)))" \
+             "without reporting a failed check"
+        failed=$((failed + 1))
+    fi
+    if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ]; then
+        echo "$EMU_TAG: no smoke check ran ($what)"
+        failed=$((failed + 1))
+    fi
+}
