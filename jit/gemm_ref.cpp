@@ -74,9 +74,12 @@ float bfdot_lane(float acc, uint32_t a, uint32_t b) {
 int gemm_max_rows(IsaLevel isa, WeightFormat fmt) {
   // NEON (32 registers, 24 accumulators at most): 6 rows x 4 vectors; the widening int8/int4
   // path of plain neon needs 3 more temporaries, so 4 rows there.
-  // fp8 keeps a group sum beside each accumulator (jit/aarch64/gemm_a64.cpp): 2 rows.
+  // fp8 keeps a group sum beside each accumulator (jit/aarch64/gemm_a64.cpp): 2 rows. qgroup
+  // keeps an int32 group sum beside each fp32 accumulator: 3 rows with sdot, 2 on the widening
+  // path (its two temporaries).
   if (isa_is_neon(isa))
-    return fmt == WeightFormat::fp8                             ? 2
+    return fmt == WeightFormat::qgroup                          ? (isa == IsaLevel::neon ? 2 : 3)
+           : fmt == WeightFormat::fp8                           ? 2
            : isa == IsaLevel::neon && fmt != WeightFormat::bf16 ? 4
                                                                 : 6;
   // qgroup keeps an int32 group accumulator beside each fp32 accumulator: 3 rows x 4 vectors x 2

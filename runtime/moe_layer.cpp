@@ -205,10 +205,9 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
   if (int(isa) > int(selected_isa()) && !gemm_runner_installed())
     throw std::invalid_argument(std::string("MoELayer: isa ") + isa_name(isa) +
                                 " is above the selected level " + isa_name(selected_isa()));
-  // The NEON generator (jit/aarch64/gemm_a64.cpp) builds int8, int4, bf16 and fp8: the other
-  // formats run their C++ reference kernels on AArch64.
-  if (isa_is_neon(isa_) && format_ != WeightFormat::int8 && format_ != WeightFormat::int4 &&
-      format_ != WeightFormat::bf16 && format_ != WeightFormat::fp8) {
+  // The NEON generator (jit/aarch64/gemm_a64.cpp) builds int8, int4, bf16, fp8 and qgroup: the
+  // MX formats run their C++ reference kernels on AArch64.
+  if (isa_is_neon(isa_) && is_mx_format(format_)) {
     debug_log("MoELayer: " + method + " is not generated for NEON; using the reference kernels");
     isa_ = IsaLevel::ref;
   }

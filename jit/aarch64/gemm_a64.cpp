@@ -31,6 +31,14 @@
 //                            twin and cost about 2^-9 relative per activation, as x86's
 //                            vdpbf16ps pair kernels do; in exchange they do 8 multiply-adds an
 //                            instruction instead of 4, with no widening.
+//   qgroup (every level; GGUF, RAWINT4, GPTQ_INT4: formats/grouped.hpp): x86's strip of groups,
+//                            codes signed (no +128, no offset), bytes or 4-bit indices looked up
+//                            with tbl in the 16-entry table; per group the int32 sums (sdot, or
+//                            smull/addp/sadalp) start at zero beside the fp32 accumulators and are
+//                            folded, t = fma(scale, float(acc_g), t) then t = fma(bias, float(s_g),
+//                            t), the scale fp32, widened from fp16 (fcvtl) or bf16 (shll #16), or
+//                            two-level float(sub) * factor: gemm_ref's per-group order, so the
+//                            same bits as every x86 level without int32 folds; y = a_scale * t.
 // Epilogues as on x86: y = (a_scale*w_scale)*float(acc) (two roundings), then store, siluup (the
 // exp_ref polynomial with fmla in the same order) or accum (fmla = fma(routing_weight, y, out)).
 #include "jit/aarch64/gemm_a64.hpp"
@@ -79,13 +87,31 @@ class GemmA64 {
         bf16_(key.format == WeightFormat::bf16),
         fp8_(key.format == WeightFormat::fp8),
         pairs_(bf16_ && (key.variant & kBf16Pairs)),
-        prefill_(key.kind == KernelKind::gemm_prefill) {
+        prefill_(key.kind == KernelKind::gemm_prefill),
+        qg_(key.format == WeightFormat::qgroup),
+        qg4_(qg_ && (key.variant & kQGroupNibbles)),
+        qgb_(qg_ && (key.variant & kQGroupBias)),
+        qgs_(qg_ && (key.variant & kQGroupSuper)),
+        qgh_(!qg_                        ? 0
+             : key.variant & kQGroupF16  ? 1
+             : key.variant & kQGroupBf16 ? 2
+                                         : 0) {
     if (!isa_is_neon(key.isa))
       throw std::invalid_argument("gemm (aarch64): not a NEON level: " + key.describe());
     if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
-        key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8)
+        key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8 && !qg_)
       throw std::invalid_argument(
-          "gemm (aarch64): weight format not generated for NEON (int8, int4, bf16 and fp8 are): " +
+          "gemm (aarch64): weight format not generated for NEON (int8, int4, bf16, fp8 and qgroup "
+          "are): " +
+          key.describe());
+    // qgroup: x86's offset codes, int16 sums, identity table and int32 folds are avx2 kernels
+    if (qg_ && ((key.variant &
+                 ~(kQGroupNibbles | kQGroupBias | kQGroupSuper | kQGroupF16 | kQGroupBf16)) ||
+                __builtin_popcount(key.variant & (kQGroupSuper | kQGroupF16 | kQGroupBf16)) > 1))
+      throw std::invalid_argument(
+          "gemm (aarch64): qgroup variants on NEON are nibbles, bias and one scale form "
+          "(two-level, "
+          "fp16 or bf16): " +
           key.describe());
     if (fp8_ && key.variant)
       throw std::invalid_argument("gemm (aarch64): fp8 has no variants on NEON: " + key.describe());
@@ -124,6 +150,13 @@ class GemmA64 {
   const GpX reg_gs = a64::x4;
   const GpX reg_gcur = a64::x5;
   const GpX reg_gn = a64::x6;
+  // qgroup (3 rows at most: a_row uses x2..x4): the block's a_gsum entry of the current group,
+  // super blocks left, the current super block's header, its groups left (x11: qgroup scales
+  // live in the weight stream, so reg_wscale is free).
+  const GpX reg_gsum = a64::x5;
+  const GpX reg_gc = a64::x6;
+  const GpX reg_sb = a64::x7;
+  const GpX reg_sg = a64::x11;
 
   // v0..v23: accumulators (row-major over the tile); v24..v31: scratch.
   static VecV v(int i) { return VecV(uint32_t(i)); }
@@ -141,6 +174,18 @@ class GemmA64 {
   static VecV fp8_act(int m) { return v(28 + m); }
   static VecV fp8_scale() { return v(22); }
   static VecV fp8_c256() { return v(30); }
+  // qgroup: fp32 accumulators acc(m, vv) in v0..v11, the int32 group sums beside them in
+  // v12..v23; the codes of two K steps (v24, v25), the rows' 16 activation bytes (v26..v28), the
+  // table (v29) and the 0x0f mask (v30). The widening path (2 rows: sums in v12..v19) replicates
+  // each row's step activations into v20..v23 and takes its two int16 products in v28 and v31.
+  // At a group end: scale v24, bias v25, the rows' s_g v26..v28, temporary v31.
+  VecV qacc(int m, int vv) const { return v(12 + m * nv_ + vv); }
+  static VecV q_codes(int j) { return v(24 + j); }
+  static VecV q_act(int m) { return v(26 + m); }
+  static VecV q_wide(int m, int j) { return v(20 + 2 * m + j); }
+  static VecV q_lut() { return v(29); }
+  static VecV q_mask() { return v(30); }
+  static VecV q_tmp() { return v(31); }
 
   int lanes() const { return 4; }
   int strip_cols() const { return nv_ * lanes(); }
@@ -148,8 +193,13 @@ class GemmA64 {
   // Weight bytes per K step (bf16: a k pair, [k/2][column][2]).
   int step_bytes() const {
     if (fp8_) return strip_cols();  // one k: a byte per column
-    return bf16_ ? strip_cols() * 4 : int4_ ? strip_k4_bytes() / 2 : strip_k4_bytes();
+    return bf16_ ? strip_cols() * 4 : int4_ || qg4_ ? strip_k4_bytes() / 2 : strip_k4_bytes();
   }
+  // qgroup: bytes after each group's codes (its scales, then biases: one per column, fp32, 16-bit
+  // or with two-level scales int8 subs) and of a super block's header (fp32 factors).
+  int qg_elem_bytes() const { return qgs_ ? 1 : qgh_ ? 2 : 4; }
+  int qg_extra_bytes() const { return strip_cols() * qg_elem_bytes() * (qgb_ ? 2 : 1); }
+  int qg_header_bytes() const { return qgs_ ? strip_cols() * 4 * (qgb_ ? 2 : 1) : 0; }
   // Activation bytes per K step: 4 int8, a pair of fp32 (bf16) or of bf16 (bfdot).
   int act_step_bytes() const { return bf16_ && !pairs_ ? 8 : 4; }  // fp8: one fp32
   int out_cols() const { return gemm_strip_out_cols(key_.isa, nv_, key_.epilogue); }
@@ -172,7 +222,7 @@ class GemmA64 {
     a.b_le(done);
     a.ldr(reg_w, arg(offsetof(GemmArgs, w)));
     a.ldr(reg_lda, arg(offsetof(GemmArgs, lda)));
-    a.ldr(reg_wscale, arg(offsetof(GemmArgs, w_scale)));
+    if (!qg_) a.ldr(reg_wscale, arg(offsetof(GemmArgs, w_scale)));
     a.ldr(reg_col, arg(offsetof(GemmArgs, out_col)));
     a.lsl(reg_col, reg_col, 2);
     if (fp8_) a.ldr(reg_gs, arg(offsetof(GemmArgs, w_gscale)));
@@ -193,13 +243,18 @@ class GemmA64 {
         a.b_ne(mb_loop);
         a.bind(mb_done);
         // Leave reg_w at the next strip whether or not any block ran.
-        a.ldr(reg_tmp, arg(offsetof(GemmArgs, k4)));
-        a.mov(reg_tmp2, step_bytes());
-        a.madd(reg_w, reg_tmp, reg_tmp2, reg_strip);
+        if (qg_) {
+          qg_strip_bytes_to(reg_tmp);
+          a.add(reg_w, reg_strip, reg_tmp);
+        } else {
+          a.ldr(reg_tmp, arg(offsetof(GemmArgs, k4)));
+          a.mov(reg_tmp2, step_bytes());
+          a.madd(reg_w, reg_tmp, reg_tmp2, reg_strip);
+        }
       } else {
         compute_block();  // leaves reg_w at the next strip
       }
-      a.add(reg_wscale, reg_wscale, strip_cols() * 4);
+      if (!qg_) a.add(reg_wscale, reg_wscale, strip_cols() * 4);
       a.add(reg_col, reg_col, out_cols() * 4);
       if (fp8_) {  // next strip's table: g_per_strip groups x 2 halves x 4 lanes of fp32
         a.ldr(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));
@@ -228,9 +283,163 @@ class GemmA64 {
     if (int4_) a.movi(nib_mask().b16(), 0xf0);  // per block: the siluup epilogue reuses v31
     if (fp8_)
       k_loop_fp8();
+    else if (qg_)
+      k_loop_qgroup();
     else
       k_loop();
     epilogue();
+  }
+
+  // ---- qgroup ---------------------------------------------------------------------------------
+  // Bytes of one strip into `r`: per group its codes and extras; with two-level scales per super
+  // block its header and g_per_super groups.
+  void qg_strip_bytes_to(const GpX& r) {
+    auto& a = as();
+    a.ldr(r, arg(offsetof(GemmArgs, g_steps)));
+    a.mov(reg_tmp2, step_bytes());
+    a.mul(r, r, reg_tmp2);
+    a.add(r, r, qg_extra_bytes());
+    if (qgs_) {
+      a.ldr(reg_tmp2, arg(offsetof(GemmArgs, g_per_super)));
+      a.mul(r, r, reg_tmp2);
+      a.add(r, r, qg_header_bytes());
+      a.ldr(reg_tmp2, arg(offsetof(GemmArgs, s_per_strip)));
+    } else {
+      a.ldr(reg_tmp2, arg(offsetof(GemmArgs, g_per_strip)));
+    }
+    a.mul(r, r, reg_tmp2);
+  }
+
+  // Per super block (one over the whole strip without two-level scales): its header, then per
+  // group the int32 sums from zero over the group's K steps (a multiple of 4: whole unrolled
+  // iterations, nibble pairs never split) and the fold into the fp32 accumulators.
+  void k_loop_qgroup() {
+    auto& a = as();
+    if (qg4_) {  // per block: the siluup epilogue reuses v29 / v30
+      a.ldr(reg_tmp, arg(offsetof(GemmArgs, lut)));
+      a.ldr(q_lut(), a64::ptr(reg_tmp));
+      a.movi(q_mask().b16(), 0x0f);
+    }
+    if (qgb_) {
+      a.ldr(reg_gsum, arg(offsetof(GemmArgs, a_gsum)));
+      a.add(reg_gsum, reg_gsum, reg_row, aj::arm::lsl(2));
+    }
+    aj::Label super = a.newLabel(), group = a.newLabel(), steps = a.newLabel();
+    if (qgs_)
+      a.ldr(reg_gc, arg(offsetof(GemmArgs, s_per_strip)));
+    else
+      a.mov(reg_gc, 1);
+    a.bind(super);
+    if (qgs_) {
+      a.mov(reg_sb, reg_w);
+      a.add(reg_w, reg_w, qg_header_bytes());
+    }
+    a.ldr(reg_sg, arg(qgs_ ? offsetof(GemmArgs, g_per_super) : offsetof(GemmArgs, g_per_strip)));
+    a.bind(group);
+    for (int m = 0; m < mr_; ++m)
+      for (int vv = 0; vv < nv_; ++vv) a.movi(qacc(m, vv).b16(), 0);
+    a.ldr(reg_k, arg(offsetof(GemmArgs, g_steps)));
+    a.bind(steps);
+    static_assert(kUnroll == 4, "one quad of K steps per iteration");
+    microkernel_qgroup_quad();
+    advance(kUnroll);
+    a.subs(reg_k, reg_k, kUnroll);
+    a.b_gt(steps);
+    qgroup_group_end();
+    a.subs(reg_sg, reg_sg, 1);
+    a.b_ne(group);
+    a.subs(reg_gc, reg_gc, 1);
+    a.b_ne(super);
+  }
+
+  // Four K steps (16 k) of a qgroup tile, two at a time: the rows' 16 activation bytes loaded
+  // once; per vector the codes of both steps (nibbles: one load, the low nibbles for the even step
+  // and the high ones for the odd, each looked up in the table; bytes: two loads), decoded once
+  // for all rows, then sdot (4 k per column, signed x signed; activation element = step) or the
+  // widening path into the int32 group sums (exact either way, so the order is free).
+  void microkernel_qgroup_quad() {
+    auto& a = as();
+    const VecV c[2] = {q_codes(0), q_codes(1)};
+    for (int m = 0; m < mr_; ++m) a.ldr(q_act(m), a64::ptr(a_row(m)));
+    for (int p = 0; p < 2; ++p) {
+      for (int m = 0; !dot_ && m < mr_; ++m)
+        for (int j = 0; j < 2; ++j) a.dup(q_wide(m, j).s4(), q_act(m).s(2 * p + j));
+      for (int vv = 0; vv < nv_; ++vv) {
+        if (qg4_) {
+          a.ldr(c[1], a64::ptr(reg_w, p * strip_k4_bytes() + vv * 16));
+          a.and_(c[0].b16(), c[1].b16(), q_mask().b16());
+          a.ushr(c[1].b16(), c[1].b16(), 4);
+          for (const VecV& x : c) a.tbl(x.b16(), q_lut().b16(), x.b16());
+        } else {
+          for (int j = 0; j < 2; ++j)
+            a.ldr(c[j], a64::ptr(reg_w, (2 * p + j) * strip_k4_bytes() + vv * 16));
+        }
+        for (int m = 0; m < mr_; ++m)
+          for (int j = 0; j < 2; ++j) {
+            if (dot_) {
+              a.sdot(qacc(m, vv).s4(), c[j].b16(), q_act(m).b4(2 * p + j));
+              continue;
+            }
+            const VecV t0 = v(28), t1 = q_tmp(), x = q_wide(m, j);
+            a.smull(t0.h8(), c[j].b8(), x.b8());     // columns 0,1 x 4 k
+            a.smull2(t1.h8(), c[j].b16(), x.b16());  // columns 2,3 x 4 k
+            a.addp(t0.h8(), t0.h8(), t1.h8());       // pair sums, |.| <= 2*128*127: exact int16
+            a.sadalp(qacc(m, vv).s4(), t0.h8());
+          }
+      }
+    }
+  }
+
+  // The group's scale (b = 0) or bias (b = 1) of vector vv as fp32 into `t`, reg_w at the group's
+  // extras: fp32 as stored, fp16 / bf16 widened exactly, or float(sub) * factor (exact: the
+  // one-level fp32 value).
+  void qgroup_scale_vector(const VecV& t, int vv, int b) {
+    auto& a = as();
+    const int col = b * strip_cols() + vv * lanes();
+    if (qgh_) {
+      a.ldr(a64::VecD(t.id()), a64::ptr(reg_w, col * 2));
+      if (qgh_ == 1)
+        a.fcvtl(t.s4(), t.h4());
+      else
+        a.shll(t.s4(), t.h4(), 16);
+      return;
+    }
+    if (!qgs_) {
+      a.ldr(t, a64::ptr(reg_w, col * 4));
+      return;
+    }
+    a.ldr(a64::VecS(t.id()), a64::ptr(reg_w, col));
+    a.sxtl(t.h8(), t.b8());
+    a.sxtl(t.s4(), t.h4());
+    a.scvtf(t.s4(), t.s4());
+    a.ldr(q_tmp(), a64::ptr(reg_sb, col * 4));
+    a.fmul(t.s4(), t.s4(), q_tmp().s4());
+  }
+
+  // t = fma(scale_g, float(acc_g), t); t = fma(bias_g, float(s_g), t), each scale (bias) vector
+  // built once for the tile's rows; then past the extras to the next group's codes.
+  void qgroup_group_end() {
+    auto& a = as();
+    for (int m = 0; qgb_ && m < mr_; ++m) {
+      a.ldr(a64::VecS(q_act(m).id()), a64::ptr(reg_gsum, 4 * m));
+      a.scvtf(q_act(m).s4(), q_act(m).s4());
+    }
+    for (int m = 0; m < mr_; ++m)
+      for (int vv = 0; vv < nv_; ++vv) a.scvtf(qacc(m, vv).s4(), qacc(m, vv).s4());
+    const VecV sc = v(24), bi = v(25);
+    for (int vv = 0; vv < nv_; ++vv) {
+      qgroup_scale_vector(sc, vv, 0);
+      if (qgb_) qgroup_scale_vector(bi, vv, 1);
+      for (int m = 0; m < mr_; ++m) {
+        a.fmla(acc(m, vv).s4(), qacc(m, vv).s4(), sc.s4());
+        if (qgb_) a.fmla(acc(m, vv).s4(), bi.s4(), q_act(m).s(0));
+      }
+    }
+    a.add(reg_w, reg_w, qg_extra_bytes());
+    if (qgb_) {
+      a.ldr(reg_tmp, arg(offsetof(GemmArgs, a_gsum_ld)));
+      a.add(reg_gsum, reg_gsum, reg_tmp);
+    }
   }
 
   static constexpr int kUnroll = 4;
@@ -442,7 +651,15 @@ class GemmA64 {
   // ---- epilogue -----------------------------------------------------------------------------
   void epilogue() {
     auto& a = as();
-    if (!bf16_) {  // bf16: the fp32 accumulators are the result
+    if (qg_) {  // y = a_scale * t
+      const VecV s = v(24);
+      a.ldr(reg_tmp, arg(offsetof(GemmArgs, a_scale)));
+      a.add(reg_tmp, reg_tmp, reg_row, aj::arm::lsl(2));
+      for (int m = 0; m < mr_; ++m) {
+        a.ldr(a64::VecS(s.id()), a64::ptr(reg_tmp, 4 * m));
+        for (int vv = 0; vv < nv_; ++vv) a.fmul(acc(m, vv).s4(), acc(m, vv).s4(), s.s(0));
+      }
+    } else if (!bf16_) {  // bf16: the fp32 accumulators are the result
       // y = (a_scale * w_scale) * float(acc)  (fp8: acc is fp32 already)
       const VecV s = v(24), t = v(25);
       a.ldr(reg_tmp, arg(offsetof(GemmArgs, a_scale)));
@@ -559,6 +776,8 @@ class GemmA64 {
   const KernelKey key_;
   const int nv_, mr_;
   const bool dot_, int4_, bf16_, fp8_, pairs_, prefill_;
+  const bool qg_, qg4_, qgb_, qgs_;
+  const int qgh_;  // 16-bit scales: 1 fp16, 2 bf16
   A64Emitter emit_;
   aj::Label pool_;
 };

@@ -685,9 +685,10 @@ AMX_BF16_METHODS = ("BF16", "FP8", "FP8_PERCHANNEL", "MXFP4", "MXFP8")
 def _roof_peak(isa: str, method: str, lim: Dict) -> Tuple[str, str]:
     """(name, machine_limits key) of the instruction peak a layer's compute roof% uses."""
     if isa in NEON_LEVELS:
-        # NEON (jit/aarch64/gemm_a64.cpp): int8 / int4 on sdot where the CPU has it, else the
-        # widening smull + smull2 + addp + sadalp step; bf16 on fmla, and on bfdot for the pair
-        # prefill tiles at neon_bf16. Other formats run the C++ reference kernels there.
+        # NEON (jit/aarch64/gemm_a64.cpp): int8 / int4 and the qgroup methods (GGUF, RAWINT4,
+        # GPTQ_INT4) on sdot where the CPU has it, else the widening smull + smull2 + addp +
+        # sadalp step; bf16 and fp8 on fmla, and bf16 on bfdot for the pair prefill tiles at
+        # neon_bf16. MX runs the C++ reference kernels there (the fmla roof is nominal).
         if method == "BF16" and isa == "neon_bf16" and lim.get("peak_bfdot_gflops"):
             return "bfdot", "peak_bfdot_gflops"
         if method in ("BF16", "FP8", "FP8_PERCHANNEL") + MX_METHODS:

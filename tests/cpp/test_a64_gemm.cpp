@@ -125,7 +125,27 @@ TEST(A64Gemm, GeneratesEveryNeonKernelOnAnyHost) {
         ++kernels;
       }
     }
-  EXPECT_GT(kernels, 450u);
+  // qgroup (GGUF, RAWINT4, GPTQ_INT4): bytes or nibbles, with and without a bias, each scale
+  // form, every tile.
+  for (IsaLevel isa : kNeonLevels)
+    for (uint16_t variant :
+         {uint16_t(0), uint16_t(kQGroupNibbles | kQGroupBias | kQGroupSuper),
+          uint16_t(kQGroupNibbles | kQGroupF16), uint16_t(kQGroupBias | kQGroupBf16)})
+      for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+        for (KernelKind kind : {KernelKind::gemm_decode, KernelKind::gemm_prefill})
+          for (int nv = 2; nv <= kStripVecs; nv += 2)
+            for (int m = 1; m <= gemm_max_rows(isa, WeightFormat::qgroup); ++m) {
+              KernelKey key = a64_key(isa, kind, m, nv, epi, WeightFormat::qgroup);
+              key.variant = variant;
+              auto k = KernelCache::generate_only(key);
+              ASSERT_GT(k->code.size(), 64u) << k->name;
+              ASSERT_NE(k->name.find("_qg"), std::string::npos) << k->name;
+              ASSERT_NE(k->name.find(isa_tag(isa)), std::string::npos) << k->name;
+              ++kernels;
+            }
+  EXPECT_GT(kernels, 600u);
+  EXPECT_EQ(gemm_max_rows(IsaLevel::neon, WeightFormat::qgroup), 2);
+  EXPECT_EQ(gemm_max_rows(IsaLevel::neon_dotprod, WeightFormat::qgroup), 3);
   EXPECT_EQ(gemm_max_rows(IsaLevel::neon_bf16, WeightFormat::fp8), 2);
   EXPECT_EQ(bf16_kgroup(IsaLevel::neon), 2);  // k-pair strips on every NEON level
   EXPECT_EQ(bf16_kgroup(IsaLevel::neon_bf16), 2);
@@ -159,6 +179,22 @@ TEST(A64Gemm, RefusesWhatItDoesNotBuild) {
   EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon, KernelKind::gemm_decode, 5, 4,
                                                   Epilogue::store, WeightFormat::int8)),
                std::invalid_argument);  // the widening path holds 4 rows
+  // qgroup: group sums beside the accumulators (3 rows with sdot, 2 on the widening path), and
+  // none of x86's avx2 variants (offset codes, int16 sums, identity table, int32 folds).
+  EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon, KernelKind::gemm_prefill, 3, 4,
+                                                  Epilogue::store, WeightFormat::qgroup)),
+               std::invalid_argument);
+  EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon_bf16, KernelKind::gemm_prefill, 4,
+                                                  4, Epilogue::store, WeightFormat::qgroup)),
+               std::invalid_argument);
+  for (uint16_t variant :
+       {uint16_t(kQGroupNibbles | qgroup_offset_variant(8)),
+        uint16_t(kQGroupSuper | kQGroupIntFold), uint16_t(kQGroupSuper | kQGroupF16)}) {
+    KernelKey key = a64_key(IsaLevel::neon_dotprod, KernelKind::gemm_decode, 1, 4, Epilogue::store,
+                            WeightFormat::qgroup);
+    key.variant = variant;
+    EXPECT_THROW(KernelCache::generate_only(key), std::invalid_argument) << key.describe();
+  }
   EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon_dotprod, KernelKind::gemm_decode,
                                                   7, 4, Epilogue::store, WeightFormat::int8)),
                std::invalid_argument);

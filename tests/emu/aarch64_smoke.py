@@ -10,8 +10,12 @@ Checks, for the CPU model qemu emulates:
   128x128 block scales, through load_experts_fp8), run on generated NEON kernels, and for T in
   (1, 7, 40) give the same bits as the core's plain C++ reference path and agree with the
   independent fp32 torch reference of tests/python/conftest.py within the pytest suite's bars;
+- the k-group integer layers of tests/python/test_moe_qgroup.py (LLAMAFILE bytes and nibble
+  tables with and without a bias, GPTQ_INT4, RAWINT4) likewise at T = 1 and 40, against its fp32
+  and same-activation-quantization torch references;
 - kt-jit doctor's pieces: the NEON levels above the selected one, a format without NEON kernels
-  (MXFP4) reported as running the C++ reference kernels, FP8 and AMXINT8 self-tests passing.
+  (MXFP4) reported as running the C++ reference kernels, FP8, LLAMAFILE, RAWINT4 and AMXINT8
+  self-tests passing.
 
 Prints one ``PASS <check>`` / ``FAIL <check>: <why>`` line per check, then
 ``smoke: N passed, M failed``; exits 1 if anything failed.
@@ -34,6 +38,7 @@ from smoke_checks import check, check_matches_reference, run  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import conftest as ref  # noqa: E402  (plain torch: the reference of the pytest suite)
+import test_moe_qgroup as qg  # noqa: E402  (its experts, layers and torch references)
 
 E, K, H, I = 8, 2, 64, 48
 # Bars as in tests/python: relative L1 vs the fp32 reference over the dequantized weights.
@@ -129,6 +134,41 @@ def run_fp8(want_isa: str) -> None:
     )
 
 
+def run_qgroup(want_isa: str) -> None:
+    """The k-group integer cases of the pytest suite (GGUF-like bytes and nibble tables, biases,
+    GPTQ_INT4, RAWINT4) on the generated NEON qgroup kernels."""
+    for method, gg, dg, lut, bias in qg.CASES:
+        what = f"{method} G={gg}/{dg} {'nibbles' if lut else 'bytes'}{' bias' if bias else ''}"
+        experts = qg.make_experts(7 + gg + dg + len(lut), gg, dg, lut, bias)
+        layer = qg.make_layer(method, gg, dg, lut, bias, experts)
+        check(f"{what}: layer isa is {want_isa}", layer.isa == want_isa, f"{layer.isa!r}")
+        for T in (1, 40):
+            x, ids, w = qg.inputs(T, T)
+            out = qg.forward(layer, x, ids, w)
+            check_matches_reference(
+                f"{what} T={T} generated {want_isa} == forward_reference bitwise",
+                layer,
+                x,
+                ids,
+                w,
+                out,
+            )
+            err1 = ref.rel_l1(out, qg.ref_fp32(x, ids, w, experts))
+            check(f"{what} T={T} vs torch fp32 reference", err1 <= 3e-2, f"relative L1 {err1:.3g}")
+            err2 = ref.rel_l1(out, qg.ref_actq(x, ids, w, experts, [0, qg.I]))
+            check(
+                f"{what} T={T} vs float64 with the kernels' activation quantization",
+                err2 <= 1e-3,
+                f"relative L1 {err2:.3g}",
+            )
+        names = list(layer.kernel_names())
+        check(
+            f"{what}: kernels generated for {want_isa}",
+            bool(names) and all(isa_tag(want_isa) in n and "_qg" in n for n in names),
+            f"{len(names)} kernels, e.g. {names[:2]}",
+        )
+
+
 def main() -> int:
     want = os.environ.get("KT_JIT_EXPECT_ISA", "")
     print(
@@ -171,6 +211,7 @@ def main() -> int:
     for method in METHODS:
         run_method(method, want)
     run_fp8(want)
+    run_qgroup(want)
 
     # kt-jit doctor's pieces: this architecture's levels, and formats without NEON kernels
     # reported as running the C++ reference kernels rather than as a JIT pass.
@@ -188,8 +229,9 @@ def main() -> int:
         problem.startswith("reference:"),
         problem,
     )
-    problem = cli._self_test(want, "FP8")
-    check("doctor: FP8 self-test passes (NEON kernels)", problem == "", problem)
+    for method in ("FP8", "LLAMAFILE", "RAWINT4"):
+        problem = cli._self_test(want, method)
+        check(f"doctor: {method} self-test passes (NEON kernels)", problem == "", problem)
     problem = cli._self_test(want, "AMXINT8")
     check("doctor: AMXINT8 self-test passes", problem == "", problem)
     return 0
