@@ -76,9 +76,11 @@ int gemm_max_rows(IsaLevel isa, WeightFormat fmt) {
   // path of plain neon needs 3 more temporaries, so 4 rows there.
   // fp8 keeps a group sum beside each accumulator (jit/aarch64/gemm_a64.cpp): 2 rows. qgroup
   // keeps an int32 group sum beside each fp32 accumulator: 3 rows with sdot, 2 on the widening
-  // path (its two temporaries).
+  // path (its two temporaries). mx keeps the group's scales, the rows' activations and a k's
+  // decoded weights in registers: 4 rows.
   if (isa_is_neon(isa))
     return fmt == WeightFormat::qgroup                          ? (isa == IsaLevel::neon ? 2 : 3)
+           : is_mx_format(fmt)                                  ? 4
            : fmt == WeightFormat::fp8                           ? 2
            : isa == IsaLevel::neon && fmt != WeightFormat::bf16 ? 4
                                                                 : 6;

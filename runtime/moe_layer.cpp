@@ -205,12 +205,6 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
   if (int(isa) > int(selected_isa()) && !gemm_runner_installed())
     throw std::invalid_argument(std::string("MoELayer: isa ") + isa_name(isa) +
                                 " is above the selected level " + isa_name(selected_isa()));
-  // The NEON generator (jit/aarch64/gemm_a64.cpp) builds int8, int4, bf16, fp8 and qgroup: the
-  // MX formats run their C++ reference kernels on AArch64.
-  if (isa_is_neon(isa_) && is_mx_format(format_)) {
-    debug_log("MoELayer: " + method + " is not generated for NEON; using the reference kernels");
-    isa_ = IsaLevel::ref;
-  }
   lanes_ = vec_lanes(isa_);
   const auto& b = shard_bounds;
   bool ok = b.size() >= 2 && b.front() == 0 && b.back() == shape.intermediate;

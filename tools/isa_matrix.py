@@ -8,7 +8,8 @@ verified on the machine that ran the script. Produced from test runs, not by han
   any AVX-512): the C++ kernel sweep (every kernel shape, every format) passed under it.
   For the AArch64 levels (neon, neon_dotprod, neon_bf16): the cross-built suite
   (tests/emu/run_aarch64.sh, BUILD_AARCH64/ktjit_tests) ran under qemu-aarch64 and its NEON kernel
-  sweep (A64Gemm.*, bit for bit against gemm_ref) and MoE executor tests passed at that level; the
+  sweeps (A64Gemm.*, QGroup.*, MxGemm.*: bit for bit against gemm_ref) and MoE executor tests
+  (MoELayer.*, MxMoELayer.*) passed at that level; the
   cell names the CPU models (-cpu max runs all three levels, -cpu cortex-a72 plain neon).
 - "interpreted": an x86 level above what this CPU runs (AVX-512 on an AVX2-only machine): the C++
   kernel sweeps (Gemm, MxGemm, QGroup: every kernel shape of every format) and the vdpbf16ps pair
@@ -61,7 +62,7 @@ def _aarch64_sweeps(build: str) -> dict:
                 "-cpu",
                 cpu,
                 exe,
-                "--gtest_filter=A64Gemm.*:MoELayer.*",
+                "--gtest_filter=A64Gemm.*:MoELayer.*:QGroup.*:MxGemm.*:MxMoELayer.*",
             ],
             capture_output=True,
             text=True,

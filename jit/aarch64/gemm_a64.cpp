@@ -39,6 +39,15 @@
 //                            t), the scale fp32, widened from fp16 (fcvtl) or bf16 (shll #16), or
 //                            two-level float(sub) * factor: gemm_ref's per-group order, so the
 //                            same bits as every x86 level without int32 folds; y = a_scale * t.
+//   mxfp4 / mxfp8 (every level; formats/mx.hpp strips): fp32 activations and, per k, each column's
+//                            weight w = v * scale in fp32 (scale = 2^(e - 127) from the group's
+//                            exponent byte, ushll + shl #23; mxfp8 v = e4m3 * 2^-8 by the fp8
+//                            route, mxfp4 v from the nibble: and / ushr, tbl through the int8
+//                            table of 2 * e2m1, shl #24, scvtf with 25 fraction bits, exact),
+//                            then fmla by element into the accumulators, k in order: gemm_ref_mx's
+//                            fp32 chain acc = fma(a[k], w, acc) (no group sums on NEON). 4 rows.
+//                            The siluup epilogue takes the SwiGLU clamp (selects with x86's
+//                            operand order, NaN included) and alpha variants (swiglu_ref).
 // Epilogues as on x86: y = (a_scale*w_scale)*float(acc) (two roundings), then store, siluup (the
 // exp_ref polynomial with fmla in the same order) or accum (fmla = fma(routing_weight, y, out)).
 #include "jit/aarch64/gemm_a64.hpp"
@@ -95,15 +104,21 @@ class GemmA64 {
         qgh_(!qg_                        ? 0
              : key.variant & kQGroupF16  ? 1
              : key.variant & kQGroupBf16 ? 2
-                                         : 0) {
+                                         : 0),
+        mx4_(key.format == WeightFormat::mxfp4),
+        mx_(is_mx_format(key.format)) {
     if (!isa_is_neon(key.isa))
       throw std::invalid_argument("gemm (aarch64): not a NEON level: " + key.describe());
     if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
-        key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8 && !qg_)
+        key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8 && !qg_ && !mx_)
       throw std::invalid_argument(
-          "gemm (aarch64): weight format not generated for NEON (int8, int4, bf16, fp8 and qgroup "
-          "are): " +
+          "gemm (aarch64): weight format not generated for NEON (int8, int4, bf16, fp8, qgroup, "
+          "mxfp4 and mxfp8 are): " +
           key.describe());
+    if (mx_ && ((key.variant & ~(kSwigluClamp | kSwigluAlpha)) ||
+                (key.variant && key.epilogue != Epilogue::siluup)))
+      throw std::invalid_argument(
+          "gemm (aarch64): mx variants on NEON are the siluup SwiGLU options: " + key.describe());
     // qgroup: x86's offset codes, int16 sums, identity table and int32 folds are avx2 kernels
     if (qg_ && ((key.variant &
                  ~(kQGroupNibbles | kQGroupBias | kQGroupSuper | kQGroupF16 | kQGroupBf16)) ||
@@ -186,13 +201,20 @@ class GemmA64 {
   static VecV q_lut() { return v(29); }
   static VecV q_mask() { return v(30); }
   static VecV q_tmp() { return v(31); }
+  // mx (4 rows): accumulators v0..v15, the group's scales v16..v19, the rows' 4 activations
+  // v20..v23, the decoded weights of one k v24..v27; mxfp8's fp16 halves v28, v29; mxfp4's table
+  // (v28) and low-nibble mask (v29).
+  static VecV mx_scale(int vv) { return v(16 + vv); }
+  static VecV mx_act(int m) { return v(20 + m); }
+  static VecV mx_w(int vv) { return v(24 + vv); }
 
   int lanes() const { return 4; }
   int strip_cols() const { return nv_ * lanes(); }
   int strip_k4_bytes() const { return strip_cols() * 4; }
   // Weight bytes per K step (bf16: a k pair, [k/2][column][2]).
   int step_bytes() const {
-    if (fp8_) return strip_cols();  // one k: a byte per column
+    if (fp8_ || (mx_ && !mx4_)) return strip_cols();  // one k: a byte per column
+    if (mx4_) return strip_cols() / 2;
     return bf16_ ? strip_cols() * 4 : int4_ || qg4_ ? strip_k4_bytes() / 2 : strip_k4_bytes();
   }
   // qgroup: bytes after each group's codes (its scales, then biases: one per column, fp32, 16-bit
@@ -243,8 +265,8 @@ class GemmA64 {
         a.b_ne(mb_loop);
         a.bind(mb_done);
         // Leave reg_w at the next strip whether or not any block ran.
-        if (qg_) {
-          qg_strip_bytes_to(reg_tmp);
+        if (qg_ || mx_) {
+          qg_ ? qg_strip_bytes_to(reg_tmp) : mx_strip_bytes_to(reg_tmp);
           a.add(reg_w, reg_strip, reg_tmp);
         } else {
           a.ldr(reg_tmp, arg(offsetof(GemmArgs, k4)));
@@ -285,9 +307,91 @@ class GemmA64 {
       k_loop_fp8();
     else if (qg_)
       k_loop_qgroup();
+    else if (mx_)
+      k_loop_mx();
     else
       k_loop();
     epilogue();
+  }
+
+  // ---- mx -------------------------------------------------------------------------------------
+  // Bytes of one strip into `r`: per 32-k group the columns' exponent bytes, then the weights.
+  void mx_strip_bytes_to(const GpX& r) {
+    auto& a = as();
+    a.ldr(r, arg(offsetof(GemmArgs, g_steps)));
+    a.mov(reg_tmp2, step_bytes());
+    a.mul(r, r, reg_tmp2);
+    a.add(r, r, strip_cols());
+    a.ldr(reg_tmp2, arg(offsetof(GemmArgs, g_per_strip)));
+    a.mul(r, r, reg_tmp2);
+  }
+
+  // Per group: the scales from the exponent bytes, then the group's k (a multiple of 8) eight at
+  // a time, each row's activations four at a time.
+  void k_loop_mx() {
+    auto& a = as();
+    if (mx4_) {  // per block: the siluup epilogue reuses v28 / v29
+      a.adr(reg_tmp2, pool_);
+      a.ldr(v(28), a64::ptr(reg_tmp2, 16 * kE2m1));
+      a.movi(v(29).s4(), 15);
+    }
+    aj::Label group = a.newLabel(), eight = a.newLabel();
+    a.ldr(reg_sg, arg(offsetof(GemmArgs, g_per_strip)));
+    a.bind(group);
+    for (int vv = 0; vv < nv_; ++vv) {  // 2^(e - 127): the exponent byte as fp32 bits
+      const VecV t = mx_scale(vv);
+      a.ldr(a64::VecS(t.id()), a64::ptr(reg_w, 4 * vv));
+      a.ushll(t.h8(), t.b8(), 0);
+      a.ushll(t.s4(), t.h4(), 0);
+      a.shl(t.s4(), t.s4(), 23);
+    }
+    a.add(reg_w, reg_w, strip_cols());
+    a.ldr(reg_k, arg(offsetof(GemmArgs, g_steps)));
+    a.bind(eight);
+    for (int h = 0; h < 2; ++h) {
+      for (int m = 0; m < mr_; ++m) a.ldr(mx_act(m), a64::ptr(a_row(m), 16 * h));
+      for (int j = 0; j < 4; ++j) {
+        mx_decode(4 * h + j);
+        for (int m = 0; m < mr_; ++m)
+          for (int vv = 0; vv < nv_; ++vv)
+            a.fmla(acc(m, vv).s4(), mx_w(vv).s4(), mx_act(m).s(uint32_t(j)));
+      }
+    }
+    for (int m = 0; m < mr_; ++m) a.add(a_row(m), a_row(m), 32);
+    a.add(reg_w, reg_w, 8 * step_bytes());
+    a.subs(reg_k, reg_k, 8);
+    a.b_gt(eight);
+    a.subs(reg_sg, reg_sg, 1);
+    a.b_ne(group);
+  }
+
+  // The weights of k (0..7 past reg_w) for every vector: w = v * scale in mx_w(vv).
+  void mx_decode(int k) {
+    auto& a = as();
+    if (mx4_) {  // [8 k][column][4 bytes]: nibble k of each column's dword
+      for (int vv = 0; vv < nv_; ++vv) {
+        const VecV w = mx_w(vv);
+        a.ldr(w, a64::ptr(reg_w, vv * 16));
+        if (k) a.ushr(w.s4(), w.s4(), uint32_t(4 * k));
+        a.and_(w.b16(), w.b16(), v(29).b16());
+        a.tbl(w.b16(), v(28).b16(), w.b16());  // 2 * e2m1 in byte 0, the other bytes 0
+        a.shl(w.s4(), w.s4(), 24);
+        a.scvtf(w.s4(), w.s4(), 25);  // (2 * v) * 2^24 / 2^25 = v, exact
+        a.fmul(w.s4(), w.s4(), mx_scale(vv).s4());
+      }
+      return;
+    }
+    // [k][column] e4m3 bytes: the fp8 route to fp16 bits of v = e4m3 * 2^-8, widened exactly
+    const VecV h0 = v(28), h1 = v(29);
+    load_e4m3_halves(k * strip_cols(), h0, h1);
+    for (int vv = 0; vv < nv_; ++vv) {
+      const VecV h = vv < 2 ? h0 : h1;
+      if (vv % 2 == 0)
+        a.fcvtl(mx_w(vv).s4(), h.h4());
+      else
+        a.fcvtl2(mx_w(vv).s4(), h.h8());
+      a.fmul(mx_w(vv).s4(), mx_w(vv).s4(), mx_scale(vv).s4());
+    }
   }
 
   // ---- qgroup ---------------------------------------------------------------------------------
@@ -529,8 +633,23 @@ class GemmA64 {
   // the strip's bytes of this k decoded to fp32 (value * 2^-8), then g += a * w per row.
   void microkernel_fp8(int u, int j) {
     auto& a = as();
-    const int off = u * strip_cols();
     const VecV h0 = fp8_h(0), h1 = fp8_h(1);
+    load_e4m3_halves(u * strip_cols(), h0, h1);
+    for (int vv = 0; vv < nv_; ++vv) {
+      const VecV h = vv < 2 ? h0 : h1;
+      if (vv % 2 == 0)
+        a.fcvtl(fp8_w(vv).s4(), h.h4());
+      else
+        a.fcvtl2(fp8_w(vv).s4(), h.h8());
+    }
+    for (int m = 0; m < mr_; ++m)
+      for (int vv = 0; vv < nv_; ++vv) a.fmla(gacc(m, vv).s4(), fp8_w(vv).s4(), fp8_act(m).s(j));
+  }
+
+  // The strip's e4m3 bytes of one k (at reg_w + off) as the fp16 bits of value * 2^-8: columns
+  // 0-7 in h0, 8-15 in h1.
+  void load_e4m3_halves(int off, const VecV& h0, const VecV& h1) {
+    auto& a = as();
     switch (nv_) {  // nv_ * 4 bytes: columns 0-7 into h0, 8-15 into h1 (sign-extended, << 7)
       case 4:
         a.ldr(h0, a64::ptr(reg_w, off));
@@ -555,15 +674,6 @@ class GemmA64 {
     // The sign's copy at bit 14 cleared: fp16 bits s.eeee.mmm0000000 = e4m3 value * 2^-8.
     a.bic(h0.h8(), aj::Imm(0x40), aj::Imm(8));
     if (nv_ > 2) a.bic(h1.h8(), aj::Imm(0x40), aj::Imm(8));
-    for (int vv = 0; vv < nv_; ++vv) {
-      const VecV h = vv < 2 ? h0 : h1;
-      if (vv % 2 == 0)
-        a.fcvtl(fp8_w(vv).s4(), h.h4());
-      else
-        a.fcvtl2(fp8_w(vv).s4(), h.h8());
-    }
-    for (int m = 0; m < mr_; ++m)
-      for (int vv = 0; vv < nv_; ++vv) a.fmla(gacc(m, vv).s4(), fp8_w(vv).s4(), fp8_act(m).s(j));
   }
 
   void advance(int steps) {
@@ -659,7 +769,7 @@ class GemmA64 {
         a.ldr(a64::VecS(s.id()), a64::ptr(reg_tmp, 4 * m));
         for (int vv = 0; vv < nv_; ++vv) a.fmul(acc(m, vv).s4(), acc(m, vv).s4(), s.s(0));
       }
-    } else if (!bf16_) {  // bf16: the fp32 accumulators are the result
+    } else if (!bf16_ && !mx_) {  // bf16, mx: the fp32 accumulators are the result
       // y = (a_scale * w_scale) * float(acc)  (fp8: acc is fp32 already)
       const VecV s = v(24), t = v(25);
       a.ldr(reg_tmp, arg(offsetof(GemmArgs, a_scale)));
@@ -716,6 +826,8 @@ class GemmA64 {
 
   // Constant pool offsets (16 bytes each: one value repeated over a vector).
   enum Const { kMax = 0, kMin, kLog2e, kPoly0, kOne = kPoly0 + 6, kC256, kNumConsts };
+  // After the constants: mxfp4's table, the int8 2 * e2m1 of each nibble (16 bytes).
+  static constexpr int kE2m1 = kNumConsts;
 
   // h = g / (1 + exp(-g)) * u with exp(x) = 2^i * p(f), x*log2e = i + f, i = rne (exp_ref).
   void siluup_rows() {
@@ -728,11 +840,47 @@ class GemmA64 {
     a.ldr(clog, a64::ptr(reg_tmp2, 16 * kLog2e));
     a.movi(bias.s4(), 127);
     const int half = nv_ / 2;
+    // mx SwiGLU variants (4-row tiles: v16..v20 are free here): L, -L, alpha, 1, a mask
+    const bool clamp = mx_ && (key_.variant & kSwigluClamp),
+               alpha = mx_ && (key_.variant & kSwigluAlpha);
+    const VecV lim = v(16), nlim = v(17), alp = v(18), one = v(19), mask = v(20);
+    if (clamp) {
+      a.add(reg_tmp, reg_args, offsetof(GemmArgs, swiglu_limit));
+      a.ld1r(lim.s4(), a64::ptr(reg_tmp));
+      a.fneg(nlim.s4(), lim.s4());
+    }
+    if (alpha) {
+      a.add(reg_tmp, reg_args, offsetof(GemmArgs, swiglu_alpha));
+      a.ld1r(alp.s4(), a64::ptr(reg_tmp));
+      a.ldr(one, a64::ptr(reg_tmp2, 16 * kOne));
+    }
+    // x = (x < lim ? x : lim) as x86's vminps (lim when x is NaN); x = (x > lim ? x : lim) as
+    // vmaxps (swiglu_ref's order)
+    auto select = [&](const VecV& x, const VecV& l, bool below) {
+      if (below)
+        a.fcmgt(mask.s4(), l.s4(), x.s4());
+      else
+        a.fcmgt(mask.s4(), x.s4(), l.s4());
+      a.bsl(mask.b16(), x.b16(), l.b16());
+      a.mov(x.b16(), mask.b16());
+    };
     for (int m = 0; m < mr_; ++m) {
       out_row_ptr(reg_tmp, m);
       for (int vv = 0; vv < half; ++vv) {
         const VecV g = acc(m, vv), u = acc(m, vv + half);
-        a.fneg(x.s4(), g.s4());
+        if (clamp) {
+          select(g, lim, true);
+          if (alpha) select(g, nlim, false);
+          select(u, nlim, false);
+          select(u, lim, true);
+        }
+        if (alpha) {  // exp_ref(-(alpha * g)), then g / (e + 1) * (u + 1)
+          a.fmul(x.s4(), alp.s4(), g.s4());
+          a.fneg(x.s4(), x.s4());
+          a.fadd(u.s4(), u.s4(), one.s4());
+        } else {
+          a.fneg(x.s4(), g.s4());
+        }
         a.fmin(x.s4(), x.s4(), cmax.s4());
         a.fmax(x.s4(), x.s4(), cmin.s4());
         a.fmul(x.s4(), x.s4(), clog.s4());
@@ -771,6 +919,7 @@ class GemmA64 {
     c[kOne] = f32_bits(1.0f);
     c[kC256] = f32_bits(256.0f);
     for (uint32_t x : c) a.embedUInt32(x, 4);  // each constant repeated over a vector
+    for (int i = 0; i < 16; ++i) a.embedInt8(int8_t(2.0f * mx_e2m1(uint8_t(i))));
   }
 
   const KernelKey key_;
@@ -778,6 +927,7 @@ class GemmA64 {
   const bool dot_, int4_, bf16_, fp8_, pairs_, prefill_;
   const bool qg_, qg4_, qgb_, qgs_;
   const int qgh_;  // 16-bit scales: 1 fp16, 2 bf16
+  const bool mx4_, mx_;
   A64Emitter emit_;
   aj::Label pool_;
 };

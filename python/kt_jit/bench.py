@@ -688,7 +688,7 @@ def _roof_peak(isa: str, method: str, lim: Dict) -> Tuple[str, str]:
         # NEON (jit/aarch64/gemm_a64.cpp): int8 / int4 and the qgroup methods (GGUF, RAWINT4,
         # GPTQ_INT4) on sdot where the CPU has it, else the widening smull + smull2 + addp +
         # sadalp step; bf16 and fp8 on fmla, and bf16 on bfdot for the pair prefill tiles at
-        # neon_bf16. MX runs the C++ reference kernels there (the fmla roof is nominal).
+        # neon_bf16; MX on fmla too (fp32 activations, one fmla per weight and row).
         if method == "BF16" and isa == "neon_bf16" and lim.get("peak_bfdot_gflops"):
             return "bfdot", "peak_bfdot_gflops"
         if method in ("BF16", "FP8", "FP8_PERCHANNEL") + MX_METHODS:

@@ -143,7 +143,27 @@ TEST(A64Gemm, GeneratesEveryNeonKernelOnAnyHost) {
               ASSERT_NE(k->name.find(isa_tag(isa)), std::string::npos) << k->name;
               ++kernels;
             }
-  EXPECT_GT(kernels, 600u);
+  // mxfp4 / mxfp8: every tile, the siluup ones with each SwiGLU variant.
+  for (IsaLevel isa : kNeonLevels)
+    for (WeightFormat fmt : {WeightFormat::mxfp4, WeightFormat::mxfp8})
+      for (uint8_t variant : {uint8_t(0), uint8_t(kSwigluClamp), uint8_t(kSwigluAlpha),
+                              uint8_t(kSwigluClamp | kSwigluAlpha)})
+        for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+          for (KernelKind kind : {KernelKind::gemm_decode, KernelKind::gemm_prefill})
+            for (int nv = 1; nv <= kStripVecs; ++nv) {
+              if ((epi == Epilogue::siluup && nv % 2) || (variant && epi != Epilogue::siluup))
+                continue;
+              for (int m = 1; m <= gemm_max_rows(isa, fmt); ++m) {
+                KernelKey key = a64_key(isa, kind, m, nv, epi, fmt);
+                key.variant = variant;
+                auto k = KernelCache::generate_only(key);
+                ASSERT_GT(k->code.size(), 64u) << k->name;
+                ASSERT_NE(k->name.find(isa_tag(isa)), std::string::npos) << k->name;
+                ++kernels;
+              }
+            }
+  EXPECT_GT(kernels, 1000u);
+  EXPECT_EQ(gemm_max_rows(IsaLevel::neon_dotprod, WeightFormat::mxfp4), 4);
   EXPECT_EQ(gemm_max_rows(IsaLevel::neon, WeightFormat::qgroup), 2);
   EXPECT_EQ(gemm_max_rows(IsaLevel::neon_dotprod, WeightFormat::qgroup), 3);
   EXPECT_EQ(gemm_max_rows(IsaLevel::neon_bf16, WeightFormat::fp8), 2);
@@ -159,12 +179,17 @@ TEST(A64Gemm, GeneratesEveryNeonKernelOnAnyHost) {
 }
 
 TEST(A64Gemm, RefusesWhatItDoesNotBuild) {
-  try {
-    KernelCache::generate_only(a64_key(IsaLevel::neon_dotprod, KernelKind::gemm_decode, 1, 4,
-                                       Epilogue::store, WeightFormat::mxfp4));
-    FAIL() << "mxfp4 generated for NEON";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("not generated for NEON"), std::string::npos) << e.what();
+  // mx: 4 rows (scales, activations and a k's weights in registers), the SwiGLU bits only on
+  // siluup, and no x86 strip-scratch tiles.
+  EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon_bf16, KernelKind::gemm_prefill, 5,
+                                                  4, Epilogue::store, WeightFormat::mxfp4)),
+               std::invalid_argument);
+  for (auto [epi, variant] : {std::make_pair(Epilogue::accum, uint16_t(kSwigluClamp)),
+                              std::make_pair(Epilogue::siluup, uint16_t(kStripScratch))}) {
+    KernelKey key =
+        a64_key(IsaLevel::neon, KernelKind::gemm_prefill, 2, 4, epi, WeightFormat::mxfp8);
+    key.variant = variant;
+    EXPECT_THROW(KernelCache::generate_only(key), std::invalid_argument) << key.describe();
   }
   // fp8: 2 rows (group sums beside the accumulators) and no x86 variants.
   EXPECT_THROW(KernelCache::generate_only(a64_key(IsaLevel::neon, KernelKind::gemm_prefill, 3, 4,

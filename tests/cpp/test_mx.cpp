@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "formats/mx.hpp"
+#include "jit/bits.hpp"
 #include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
 #include "kernel_exec.hpp"
@@ -352,10 +354,8 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
 }
 
 TEST(MxGemm, SweepMatchesReferenceBitwise) {
-#if !defined(__x86_64__)
-  GTEST_SKIP() << "x86 generators";
-#endif
-  if (test::runnable_levels().empty()) GTEST_SKIP() << "this CPU runs no generated x86 level";
+  // x86 levels natively or in the interpreter; on AArch64 the NEON levels this CPU runs
+  if (test::runnable_levels().empty()) GTEST_SKIP() << "this CPU runs no generated level";
   const int64_t Ms[] = {1, 2, 3, 4, 5, 6, 8, 13};  // not multiples of 7 (row scramble)
   const int64_t Ns[] = {1, 16, 40, 64, 100};
   const int64_t Ks[] = {32, 64, 160};
@@ -419,6 +419,84 @@ TEST(MxGemm, StripScratchTilesMatchReferenceBitwise) {
     EXPECT_GT(test::count_containing(names, "_scratch"), 0u) << isa_name(isa);
   }
   if (checked == 0) GTEST_SKIP() << "no avx2 / avx512 / avx512_vnni level runs here";
+}
+
+// The SwiGLU clamp's selects at their edges and on values that are not finite: one mxfp8 strip
+// whose gate column c reads only k = c and up column c only k = 8 + c (weight 2.0, scale 1), so
+// the epilogue meets chosen (g, u) pairs: +-L, just inside and outside, +-inf (3e38 * 2); then,
+// with a NaN activation at k = 31 (weight 0 everywhere: 0 * NaN), NaN in every gate and up. The
+// kernels' selects are x86's vminps / vmaxps operand order (the limit when a value is NaN), as
+// swiglu_ref's ternaries; every level this machine runs, NEON included. Without the clamp only the
+// finite and infinite values (what NaN gives there is the hardware's, not checked).
+TEST(MxGemm, SwigluClampSpecialValuesMatchReference) {
+  const auto levels = test::kernel_test_levels();
+  if (levels.empty()) GTEST_SKIP() << "this CPU runs no generated level";
+  const float inf = std::numeric_limits<float>::infinity();
+  const float big = 3e38f;  // * 2.0 overflows to inf
+  //                  g:  -200    -L-1    -L    L-0.5    L     L+3   +inf   -inf
+  const float gs[8] = {-200.0f, -4.0f, -3.0f, 2.5f, 3.0f, 6.0f, inf, -inf};
+  const float us[8] = {-inf, -3.0f, -4.0f, 0.25f, 3.0f, 4.0f, 7.0f, inf};
+  const int64_t K = 32;
+  size_t checked = 0;
+  for (IsaLevel isa : levels)
+    for (uint8_t variant :
+         {uint8_t(kSwigluClamp), uint8_t(kSwigluClamp | kSwigluAlpha), uint8_t(kSwigluAlpha)})
+      for (bool nan : {false, true}) {
+        const bool clamp = variant & kSwigluClamp;
+        if (nan && !clamp) continue;
+        const int64_t N = 2 * vec_lanes(isa);  // one full strip: 2 vectors of gate, 2 of up
+        const auto l = formats::mx_layout(N, K, vec_lanes(isa), kStripVecs, 2, false);
+        std::vector<uint8_t> gate(size_t(N * K), 0), up(size_t(N * K), 0), e(size_t(N), 127);
+        std::vector<float> a(size_t(K), 0.0f);
+        for (int c = 0; c < 8; ++c) {      // the cases in columns 0..7, the others 0
+          gate[size_t(c * K + c)] = 0x40;  // e4m3 2.0
+          up[size_t(c * K + 8 + c)] = 0x40;
+          a[size_t(c)] = std::isinf(gs[c]) ? std::copysign(big, gs[c]) : gs[c] / 2;
+          a[size_t(8 + c)] = std::isinf(us[c]) ? std::copysign(big, us[c]) : us[c] / 2;
+        }
+        if (nan) a[31] = std::nanf("");
+        std::vector<uint8_t> w(size_t(l.total_bytes()));
+        const uint8_t* ws[2] = {gate.data(), up.data()};
+        const uint8_t* es[2] = {e.data(), e.data()};
+        formats::pack_mx_strips(l, false, ws, K, es, 1, w.data());
+        std::vector<float> out_jit(size_t(N), -1.0f), out_ref(size_t(N), -1.0f), ones(1, 1.0f);
+        float* rows[1] = {out_jit.data()};
+        GemmArgs args{};
+        args.a = reinterpret_cast<const int8_t*>(a.data());
+        args.lda = K * 4;
+        args.w = reinterpret_cast<const int8_t*>(w.data());
+        args.n_strips = 1;
+        args.k4 = l.k4;
+        args.a_scale = ones.data();
+        args.out_rows = rows;
+        args.row_weight = ones.data();
+        args.m_blocks = 1;
+        args.g_steps = l.g_steps;
+        args.g_per_strip = l.groups();
+        args.swiglu_limit = 3.0f;
+        args.swiglu_alpha = kAlpha;
+        ASSERT_EQ(l.full_strips, 1);
+        KernelKey key;
+        key.kind = KernelKind::gemm_decode;
+        key.isa = isa;
+        key.format = WeightFormat::mxfp8;
+        key.m_r = 1;
+        key.n_vec = uint8_t(l.strip_vecs);
+        key.epilogue = Epilogue::siluup;
+        key.variant = variant;
+        test::run_generated(key, args);
+        rows[0] = out_ref.data();
+        gemm_ref(key, args);
+        for (int c = 0; c < int(N); ++c) {
+          EXPECT_EQ(f32_to_bits(out_jit[size_t(c)]), f32_to_bits(out_ref[size_t(c)]))
+              << isa_name(isa) << " variant " << int(variant) << (nan ? " NaN" : "") << " column "
+              << c << ": " << out_jit[size_t(c)] << " vs " << out_ref[size_t(c)];
+          if (nan)
+            EXPECT_TRUE(std::isfinite(out_ref[size_t(c)])) << "column " << c;  // g = L, u = -L
+        }
+        ++checked;
+      }
+  EXPECT_GT(checked, 0u);
 }
 
 TEST(MxGemm, KeysNameFormatAndVariant) {

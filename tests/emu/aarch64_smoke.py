@@ -13,9 +13,10 @@ Checks, for the CPU model qemu emulates:
 - the k-group integer layers of tests/python/test_moe_qgroup.py (LLAMAFILE bytes and nibble
   tables with and without a bias, GPTQ_INT4, RAWINT4) likewise at T = 1 and 40, against its fp32
   and same-activation-quantization torch references;
-- kt-jit doctor's pieces: the NEON levels above the selected one, a format without NEON kernels
-  (MXFP4) reported as running the C++ reference kernels, FP8, LLAMAFILE, RAWINT4 and AMXINT8
-  self-tests passing.
+- MXFP4 and MXFP8 layers of tests/python/test_moe_mx.py, plain and with the SwiGLU limit and
+  alpha, at T = 1 and 40, against its torch reference (SPEC §4's activation written there);
+- kt-jit doctor's pieces: the NEON levels above the selected one, and the FP8, MXFP4, MXFP8,
+  LLAMAFILE, RAWINT4 and AMXINT8 self-tests passing (every format has NEON kernels).
 
 Prints one ``PASS <check>`` / ``FAIL <check>: <why>`` line per check, then
 ``smoke: N passed, M failed``; exits 1 if anything failed.
@@ -38,6 +39,7 @@ from smoke_checks import check, check_matches_reference, run  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import conftest as ref  # noqa: E402  (plain torch: the reference of the pytest suite)
+import test_moe_mx as mxt  # noqa: E402  (its MX weights, layers and torch reference)
 import test_moe_qgroup as qg  # noqa: E402  (its experts, layers and torch references)
 
 E, K, H, I = 8, 2, 64, 48
@@ -169,6 +171,40 @@ def run_qgroup(want_isa: str) -> None:
         )
 
 
+def run_mx(want_isa: str) -> None:
+    """MXFP4 / MXFP8 on the generated NEON kernels, plain and with the SwiGLU limit and alpha."""
+    for method in ("MXFP4", "MXFP8"):
+        for limit, alpha in ((0.0, 0.0), (1.0, 1.702)):
+            what = f"{method} L={limit} alpha={alpha}"
+            for T in (1, 40):
+                ws, ss, (gate, up, down) = mxt._mx_weights(T, method == "MXFP4")
+                layer = mxt._layer(method, "", ws, ss, limit, alpha)
+                if T == 1:
+                    check(f"{what}: layer isa is {want_isa}", layer.isa == want_isa, layer.isa)
+                x = torch.randn(T, mxt.H, generator=torch.Generator().manual_seed(100 + T))
+                ids, w = ref.make_routing(T, mxt.E, mxt.K, seed=T)
+                out = torch.empty(T, mxt.H)
+                layer.forward(T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr())
+                check_matches_reference(
+                    f"{what} T={T} generated {want_isa} == forward_reference bitwise",
+                    layer,
+                    x,
+                    ids,
+                    w,
+                    out,
+                )
+                expect = mxt._reference(x, ids, w, gate, up, down, limit, alpha)
+                err = ref.rel_l1(out, expect)
+                # fp32 activations on NEON: the pytest suite's tight bar for fp32 paths
+                check(f"{what} T={T} vs torch reference", err <= 1e-5, f"relative L1 {err:.3g}")
+            names = list(layer.kernel_names())
+            check(
+                f"{what}: kernels generated for {want_isa}",
+                bool(names) and all(isa_tag(want_isa) in n for n in names),
+                f"{len(names)} kernels, e.g. {names[:2]}",
+            )
+
+
 def main() -> int:
     want = os.environ.get("KT_JIT_EXPECT_ISA", "")
     print(
@@ -212,9 +248,10 @@ def main() -> int:
         run_method(method, want)
     run_fp8(want)
     run_qgroup(want)
+    run_mx(want)
 
-    # kt-jit doctor's pieces: this architecture's levels, and formats without NEON kernels
-    # reported as running the C++ reference kernels rather than as a JIT pass.
+    # kt-jit doctor's pieces: this architecture's levels, and each format's self-test on the
+    # generated NEON kernels.
     from kt_jit import cli
 
     higher = cli._higher_levels(feats, want)
@@ -223,13 +260,7 @@ def main() -> int:
         higher == list(cli.NEON_LEVELS[: cli.NEON_LEVELS.index(want)]),
         f"{higher}",
     )
-    problem = cli._self_test(want, "MXFP4")
-    check(
-        "doctor: MXFP4 runs the reference kernels on NEON",
-        problem.startswith("reference:"),
-        problem,
-    )
-    for method in ("FP8", "LLAMAFILE", "RAWINT4"):
+    for method in ("FP8", "MXFP4", "MXFP8", "LLAMAFILE", "RAWINT4"):
         problem = cli._self_test(want, method)
         check(f"doctor: {method} self-test passes (NEON kernels)", problem == "", problem)
     problem = cli._self_test(want, "AMXINT8")

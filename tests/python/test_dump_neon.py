@@ -24,6 +24,8 @@ needs_objdump = pytest.mark.skipif(
         ("neon", "BF16", "shl"),  # bf16 k pairs -> fp32 (shl #16, bic), then fmla
         ("neon_bf16", "BF16", "bfdot"),  # the pair tier: bfdot on bf16 activations
         ("neon", "FP8", "fcvtl2"),  # e4m3 -> fp16 bits (sshll #7, bic) -> fp32, group sums
+        ("neon_bf16", "MXFP4", "tbl"),  # nibble -> 2 * e2m1 byte, then scvtf #25
+        ("neon", "MXFP8", "fcvtl2"),  # the fp8 route, times the group's 2^(e - 127)
     ],
 )
 def test_dump_prints_aarch64_kernels(capsys, isa, method, mnemonic):
@@ -31,7 +33,9 @@ def test_dump_prints_aarch64_kernels(capsys, isa, method, mnemonic):
     out = capsys.readouterr().out
     tag = {"neon": "neon", "neon_dotprod": "neondot", "neon_bf16": "neonbf16"}[isa]
     assert f"isa={isa}" in out
-    fmt = {"BF16": "bf16", "AMXINT8": "int8", "AMXINT4": "int4", "FP8": "fp8"}[method]
+    fmt = {"BF16": "bf16", "AMXINT8": "int8", "AMXINT4": "int4", "FP8": "fp8"}.get(
+        method, method.lower()
+    )
     assert f"== gemm_decode_{fmt}_{tag}_m1n16_siluup" in out
     assert f"\t{mnemonic}\t" in out, out[:2000]
     assert "\tret" in out
@@ -48,9 +52,11 @@ def test_dump_generates_without_disassembly(capsys):
     assert "gemm_prefill_int8_neon_m4n16_accum" in out  # plain neon: 4-row widening tiles
 
 
-def test_dump_neon_refuses_formats_it_lacks(capsys):
-    assert dump.main(["--isa", "neon_dotprod", "--method", "MXFP4", "--no-disasm"] + SHAPE) == 1
-    assert "not generated for NEON" in capsys.readouterr().err
+def test_dump_neon_generates_every_format(capsys):
+    for method in ("MXFP4", "MXFP8", "FP8", "BF16", "AMXINT4"):
+        assert dump.main(["--isa", "neon_dotprod", "--method", method, "--no-disasm"] + SHAPE) == 0
+    out = capsys.readouterr().out
+    assert "gemm_prefill_mxfp4_neondot_m4n16_siluup" in out  # 4-row mx tiles
 
 
 def test_dump_neon_without_disassembler_is_a_clear_error(capsys, monkeypatch):
