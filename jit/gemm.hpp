@@ -291,6 +291,10 @@ inline uint8_t qgroup_offset_variant(int c0) {
   while (c0 >> s) ++s;
   return uint8_t(kQGroupOffset | s << 4);
 }
+// qgroup kQGroupF16 / kQGroupBf16 keys: their 16-bit scales, 1 fp16, 2 bf16 (0: none).
+inline int qgroup_half_scales(const KernelKey& key) {
+  return key.variant & kQGroupF16 ? 1 : key.variant & kQGroupBf16 ? 2 : 0;
+}
 // qgroup: whether the kernels read GemmArgs::a_gsum (the VNNI offset, the bias term, or the
 // offset codes' c0 * s_g).
 inline bool qgroup_needs_gsum(const KernelKey& key) {

@@ -195,7 +195,7 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   // factors (scale, then bias, per column), each group's codes followed by int8 subs
   // 16-bit scales (kQGroupF16 / kQGroupBf16): per group fp16 / bf16 instead of fp32
   const bool super = key.variant & kQGroupSuper;
-  const int half = key.variant & kQGroupF16 ? 1 : key.variant & kQGroupBf16 ? 2 : 0;
+  const int half = qgroup_half_scales(key);
   // int16 group sums (kQGroupI16): per column two int16 lanes (k pairs j = 0,1 and 2,3 of each
   // step), each step's pair sum saturated to int16 (vpmaddubsw) and added with wrap-around
   // (vpaddw), the lanes widened into the group's int32 sum every kQGroupI16Steps K steps and at

@@ -101,10 +101,7 @@ class GemmA64 {
         qg4_(qg_ && (key.variant & kQGroupNibbles)),
         qgb_(qg_ && (key.variant & kQGroupBias)),
         qgs_(qg_ && (key.variant & kQGroupSuper)),
-        qgh_(!qg_                        ? 0
-             : key.variant & kQGroupF16  ? 1
-             : key.variant & kQGroupBf16 ? 2
-                                         : 0),
+        qgh_(qg_ ? qgroup_half_scales(key) : 0),
         mx4_(key.format == WeightFormat::mxfp4),
         mx_(is_mx_format(key.format)) {
     if (!isa_is_neon(key.isa))
@@ -381,17 +378,9 @@ class GemmA64 {
       }
       return;
     }
-    // [k][column] e4m3 bytes: the fp8 route to fp16 bits of v = e4m3 * 2^-8, widened exactly
-    const VecV h0 = v(28), h1 = v(29);
-    load_e4m3_halves(k * strip_cols(), h0, h1);
-    for (int vv = 0; vv < nv_; ++vv) {
-      const VecV h = vv < 2 ? h0 : h1;
-      if (vv % 2 == 0)
-        a.fcvtl(mx_w(vv).s4(), h.h4());
-      else
-        a.fcvtl2(mx_w(vv).s4(), h.h8());
-      a.fmul(mx_w(vv).s4(), mx_w(vv).s4(), mx_scale(vv).s4());
-    }
+    // [k][column] e4m3 bytes: the fp8 route to v = e4m3 * 2^-8, exactly
+    decode_e4m3(k * strip_cols(), v(28), v(29), mx_w(0).id());
+    for (int vv = 0; vv < nv_; ++vv) a.fmul(mx_w(vv).s4(), mx_w(vv).s4(), mx_scale(vv).s4());
   }
 
   // ---- qgroup ---------------------------------------------------------------------------------
@@ -633,22 +622,14 @@ class GemmA64 {
   // the strip's bytes of this k decoded to fp32 (value * 2^-8), then g += a * w per row.
   void microkernel_fp8(int u, int j) {
     auto& a = as();
-    const VecV h0 = fp8_h(0), h1 = fp8_h(1);
-    load_e4m3_halves(u * strip_cols(), h0, h1);
-    for (int vv = 0; vv < nv_; ++vv) {
-      const VecV h = vv < 2 ? h0 : h1;
-      if (vv % 2 == 0)
-        a.fcvtl(fp8_w(vv).s4(), h.h4());
-      else
-        a.fcvtl2(fp8_w(vv).s4(), h.h8());
-    }
+    decode_e4m3(u * strip_cols(), fp8_h(0), fp8_h(1), fp8_w(0).id());
     for (int m = 0; m < mr_; ++m)
       for (int vv = 0; vv < nv_; ++vv) a.fmla(gacc(m, vv).s4(), fp8_w(vv).s4(), fp8_act(m).s(j));
   }
 
-  // The strip's e4m3 bytes of one k (at reg_w + off) as the fp16 bits of value * 2^-8: columns
-  // 0-7 in h0, 8-15 in h1.
-  void load_e4m3_halves(int off, const VecV& h0, const VecV& h1) {
+  // The strip's e4m3 bytes of one k (at reg_w + off) as fp32 value * 2^-8 in v(dst0 + vv), through
+  // the fp16 bits in h0 (columns 0-7) and h1 (8-15).
+  void decode_e4m3(int off, const VecV& h0, const VecV& h1, uint32_t dst0) {
     auto& a = as();
     switch (nv_) {  // nv_ * 4 bytes: columns 0-7 into h0, 8-15 into h1 (sign-extended, << 7)
       case 4:
@@ -674,6 +655,13 @@ class GemmA64 {
     // The sign's copy at bit 14 cleared: fp16 bits s.eeee.mmm0000000 = e4m3 value * 2^-8.
     a.bic(h0.h8(), aj::Imm(0x40), aj::Imm(8));
     if (nv_ > 2) a.bic(h1.h8(), aj::Imm(0x40), aj::Imm(8));
+    for (int vv = 0; vv < nv_; ++vv) {
+      const VecV h = vv < 2 ? h0 : h1, d = v(int(dst0) + vv);
+      if (vv % 2 == 0)
+        a.fcvtl(d.s4(), h.h4());
+      else
+        a.fcvtl2(d.s4(), h.h8());
+    }
   }
 
   void advance(int steps) {

@@ -77,10 +77,7 @@ class GemmGenerator : public JitGenerator {
         qgb_(qg_ && (key.variant & kQGroupBias)),
         qgo_(qg_ && (key.variant & kQGroupOffset)),
         qgs_(qg_ && (key.variant & kQGroupSuper)),
-        qgh_(!qg_                        ? 0
-             : key.variant & kQGroupF16  ? 1
-             : key.variant & kQGroupBf16 ? 2
-                                         : 0),
+        qgh_(qg_ ? qgroup_half_scales(key) : 0),
         qgs2_(qg_ && key.isa == IsaLevel::avx2 && key.m_r > 1),
         qgw_(qg_ && (key.variant & kQGroupI16)),
         qgi_(qg_ && (key.variant & kQGroupIdentity)),

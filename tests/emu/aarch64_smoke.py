@@ -56,6 +56,16 @@ def isa_tag(isa: str) -> str:
     return "_" + {"neon_dotprod": "neondot"}.get(isa, isa.replace("_", "")) + "_"
 
 
+def check_kernels(what: str, layer, want_isa: str, marker: str = "") -> None:
+    """Every kernel the layer built is generated for `want_isa` (and names `marker`)."""
+    names = list(layer.kernel_names())
+    check(
+        f"{what}: kernels generated for {want_isa}",
+        bool(names) and all(isa_tag(want_isa) in n and marker in n for n in names),
+        f"{len(names)} kernels, e.g. {names[:2]}",
+    )
+
+
 def run_method(method: str, want_isa: str) -> None:
     quantizer, bar = METHODS[method]
     gate, up, down = ref.make_weights(E, H, I, seed=7)
@@ -63,7 +73,6 @@ def run_method(method: str, want_isa: str) -> None:
     moe = ref.make_wrapper(E, K, H, I, method=method)
     moe.load_weights_from_tensors(gate, up, down, pmap)
     layer = moe.moe
-    names = list(layer.kernel_names())
     check(f"{method}: layer isa is {want_isa}", layer.isa == want_isa, f"layer.isa = {layer.isa!r}")
     # T = 40 puts about 10 rows on an expert: the prefill tiles (bfdot pairs at neon_bf16) run.
     for T in (1, 7, 40):
@@ -88,13 +97,7 @@ def run_method(method: str, want_isa: str) -> None:
         expect = ref.moe_reference(x, ids, w, gate, up, down, pmap=pmap, wq=quantizer)
         err = ref.rel_l1(out, expect)
         check(f"{method} T={T} vs torch fp32 reference", err <= bar, f"relative L1 {err:.3g}")
-    names = list(layer.kernel_names())
-    tag = isa_tag(want_isa)
-    check(
-        f"{method}: kernels generated for {want_isa}",
-        bool(names) and all(tag in n for n in names),
-        f"{len(names)} kernels, e.g. {names[:2]}",
-    )
+    check_kernels(method, layer, want_isa)
 
 
 def run_fp8(want_isa: str) -> None:
@@ -128,12 +131,7 @@ def run_fp8(want_isa: str) -> None:
         expect = ref.moe_reference(x, ids, w, gate, up, down, wq=lambda t: (t, torch.ones(1)))
         err = ref.rel_l1(out, expect)
         check(f"FP8 T={T} vs torch fp32 reference", err <= 1e-2, f"relative L1 {err:.3g}")
-    names = list(layer.kernel_names())
-    check(
-        f"FP8: kernels generated for {want_isa}",
-        bool(names) and all(isa_tag(want_isa) in n and "_fp8_" in n for n in names),
-        f"{len(names)} kernels, e.g. {names[:2]}",
-    )
+    check_kernels("FP8", layer, want_isa, "_fp8_")
 
 
 def run_qgroup(want_isa: str) -> None:
@@ -163,12 +161,7 @@ def run_qgroup(want_isa: str) -> None:
                 err2 <= 1e-3,
                 f"relative L1 {err2:.3g}",
             )
-        names = list(layer.kernel_names())
-        check(
-            f"{what}: kernels generated for {want_isa}",
-            bool(names) and all(isa_tag(want_isa) in n and "_qg" in n for n in names),
-            f"{len(names)} kernels, e.g. {names[:2]}",
-        )
+        check_kernels(what, layer, want_isa, "_qg")
 
 
 def run_mx(want_isa: str) -> None:
@@ -197,12 +190,7 @@ def run_mx(want_isa: str) -> None:
                 err = ref.rel_l1(out, expect)
                 # fp32 activations on NEON: the pytest suite's tight bar for fp32 paths
                 check(f"{what} T={T} vs torch reference", err <= 1e-5, f"relative L1 {err:.3g}")
-            names = list(layer.kernel_names())
-            check(
-                f"{what}: kernels generated for {want_isa}",
-                bool(names) and all(isa_tag(want_isa) in n for n in names),
-                f"{len(names)} kernels, e.g. {names[:2]}",
-            )
+            check_kernels(what, layer, want_isa, "_" + method.lower() + "_")
 
 
 def main() -> int:
