@@ -57,3 +57,24 @@ count_checks() {
         failed=$((failed + 1))
     fi
 }
+
+# count_pytest LOG STATUS WHAT: the same for a pytest run, read off its summary line ("N failed,
+# M passed, K skipped in T s"; errors count as failures). Leaves ok, bad and skipped set.
+count_pytest() {
+    local log="$1" rc="$2" what="$3" line n
+    line=$(grep -E '[0-9]+ (passed|failed|error)' "$log" | tail -1)
+    num() { n=$(echo "$line" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' | head -1); echo "${n:-0}"; }
+    ok=$(num passed)
+    bad=$(($(num failed) + $(num error)))
+    skipped=$(num skipped)
+    passed=$((passed + ok))
+    failed=$((failed + bad))
+    if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
+        echo "$EMU_TAG: $what exited with status $rc without reporting a failed test"
+        failed=$((failed + 1))
+    fi
+    if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ]; then
+        echo "$EMU_TAG: no pytest test ran ($what)"
+        failed=$((failed + 1))
+    fi
+}

@@ -11,7 +11,8 @@
 #   root/   Debian's arm64 CPython and the libraries it loads, unpacked from `apt-get download`
 #           (not installed: an arm64 python3 package would replace the host's)
 #   site/   arm64 wheels from PyPI (pip install --target --platform): torch (CPU), numpy, pytest
-#           (tests/python/conftest.py, whose torch reference the smoke test uses, imports it)
+#           (tests/python/conftest.py, whose torch reference the smoke test uses, imports it),
+#           gguf and safetensors (with their dependencies) for the pytest files below
 #   pyinc/  that CPython's headers with its AArch64 pyconfig.h
 #   pkg/    python/kt_jit plus the cross-built _core
 # Needs what tools/setup.sh installs (g++-aarch64-linux-gnu, libasmjit-dev:arm64 with the arm64
@@ -19,6 +20,8 @@
 #   QEMU=qemu-aarch64                 the emulator
 #   KT_JIT_A64_TORCH=torch==2.7.1     the arm64 torch wheel (PyPI's later aarch64 wheels are CUDA
 #                                     builds that do not import without the NVIDIA libraries)
+# After the smoke test, the pytest files of the formats whose NEON kernels came last (GGUF and the
+# other k-group integer methods, MX: $PYTEST_FILES) run under -cpu max.
 # Ends with "aarch64-python: N passed, M failed"; exits non-zero on any failure.
 set -uo pipefail
 BUILD_DIR="build-aarch64"
@@ -35,6 +38,8 @@ SITE="$WORK/site"
 PYINC="$WORK/pyinc"
 PKG="$WORK/pkg"
 SMOKE="tests/emu/aarch64_smoke.py"
+PYTEST_FILES=(tests/python/test_moe_qgroup.py tests/python/test_moe_mx.py
+    tests/python/test_loader_gguf.py tests/python/test_gguf_format.py)
 
 EMU_TAG="aarch64-python"
 # shellcheck source=tests/emu/lib.sh
@@ -71,17 +76,19 @@ fi
 [ -x "$PY" ] || fail "$PY missing after unpacking"
 
 # --- 2. arm64 wheels -------------------------------------------------------------------------
-if [ ! -f "$SITE/.ready-$PYVER-$TORCH_SPEC" ]; then
-    echo "== aarch64-python: arm64 wheels ($TORCH_SPEC, numpy, pytest) into $SITE"
+ready="$SITE/.ready-$PYVER-$TORCH_SPEC-gguf"
+if [ ! -f "$ready" ]; then
+    echo "== aarch64-python: arm64 wheels ($TORCH_SPEC, numpy, pytest, gguf, safetensors) into $SITE"
     rm -rf "$SITE"
     # --no-deps with the list written out: the resolver would otherwise pull the CUDA
     # dependencies PyPI declares for Linux wheels of later versions.
     "$HOST_PYTHON" -m pip install -q --target "$SITE" --platform manylinux_2_28_aarch64 \
         --platform manylinux2014_aarch64 --python-version "$PYVER" --implementation cp \
         --only-binary=:all: --no-deps "$TORCH_SPEC" numpy typing_extensions sympy mpmath filelock \
-        networkx jinja2 markupsafe fsspec pytest iniconfig pluggy packaging pygments ||
-        fail "pip could not fetch the arm64 wheels"
-    touch "$SITE/.ready-$PYVER-$TORCH_SPEC"
+        networkx jinja2 markupsafe fsspec pytest iniconfig pluggy packaging pygments \
+        --platform any gguf pyyaml requests tqdm urllib3 idna certifi charset_normalizer \
+        safetensors || fail "pip could not fetch the arm64 wheels"
+    touch "$ready"
 fi
 
 # --- 3. cross build of the extension ---------------------------------------------------------
@@ -136,4 +143,14 @@ if [ "${selected[0]:-}" = "${selected[1]:-}" ]; then
     echo "aarch64-python: both CPU models selected '${selected[0]:-}': no dispatch difference"
     failed=$((failed + 1))
 fi
+
+# --- 5. the formats' pytest files under -cpu max ---------------------------------------------
+echo "== aarch64-python: $QEMU -L $ROOT -cpu max python$PYVER -m pytest ${PYTEST_FILES[*]}"
+t0=$(date +%s)
+PYTHONPATH="$PKG:$SITE" PYTHONDONTWRITEBYTECODE=1 "$QEMU" -L "$ROOT" -cpu max "$PY" -m pytest -q \
+    -p no:cacheprovider "${PYTEST_FILES[@]}" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+count_pytest "$log" "$rc" "pytest under -cpu max"
+echo "aarch64-python: pytest under -cpu max: $ok passed, $bad failed, $skipped skipped," \
+    "status $rc, $(($(date +%s) - t0)) s"
 finish

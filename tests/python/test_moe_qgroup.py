@@ -206,6 +206,9 @@ def test_every_level(isa):
             assert any(f"_{tag}_" in n for n in layer.kernel_names()), layer.kernel_names()
 
 
+@pytest.mark.skipif(
+    "avx2" not in _core.runnable_isas(), reason="caps the engine at avx2: an x86-64 CPU with AVX2"
+)
 def test_isa_cap_avx2_subprocess(tmp_path):
     code = f"""
 import sys, torch
