@@ -263,7 +263,7 @@ class GemmA64 {
         a.bind(mb_done);
         // Leave reg_w at the next strip whether or not any block ran.
         if (qg_ || mx_) {
-          qg_ ? qg_strip_bytes_to(reg_tmp) : mx_strip_bytes_to(reg_tmp);
+          grouped_strip_bytes_to(reg_tmp);
           a.add(reg_w, reg_strip, reg_tmp);
         } else {
           a.ldr(reg_tmp, arg(offsetof(GemmArgs, k4)));
@@ -312,17 +312,6 @@ class GemmA64 {
   }
 
   // ---- mx -------------------------------------------------------------------------------------
-  // Bytes of one strip into `r`: per 32-k group the columns' exponent bytes, then the weights.
-  void mx_strip_bytes_to(const GpX& r) {
-    auto& a = as();
-    a.ldr(r, arg(offsetof(GemmArgs, g_steps)));
-    a.mov(reg_tmp2, step_bytes());
-    a.mul(r, r, reg_tmp2);
-    a.add(r, r, strip_cols());
-    a.ldr(reg_tmp2, arg(offsetof(GemmArgs, g_per_strip)));
-    a.mul(r, r, reg_tmp2);
-  }
-
   // Per group: the scales from the exponent bytes, then the group's k (a multiple of 8) eight at
   // a time, each row's activations four at a time.
   void k_loop_mx() {
@@ -384,14 +373,15 @@ class GemmA64 {
   }
 
   // ---- qgroup ---------------------------------------------------------------------------------
-  // Bytes of one strip into `r`: per group its codes and extras; with two-level scales per super
-  // block its header and g_per_super groups.
-  void qg_strip_bytes_to(const GpX& r) {
+  // Bytes of one strip of a grouped format into `r`: per group its g_steps K steps and its other
+  // bytes (mx: the columns' exponent bytes before them; qgroup: the scales after them); with
+  // two-level scales per super block its header and g_per_super groups.
+  void grouped_strip_bytes_to(const GpX& r) {
     auto& a = as();
     a.ldr(r, arg(offsetof(GemmArgs, g_steps)));
     a.mov(reg_tmp2, step_bytes());
     a.mul(r, r, reg_tmp2);
-    a.add(r, r, qg_extra_bytes());
+    a.add(r, r, mx_ ? strip_cols() : qg_extra_bytes());
     if (qgs_) {
       a.ldr(reg_tmp2, arg(offsetof(GemmArgs, g_per_super)));
       a.mul(r, r, reg_tmp2);
