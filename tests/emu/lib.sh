@@ -19,62 +19,48 @@ fail() {  # message: one failure, then the summary
     finish
 }
 
-# count_gtest LOG STATUS WHAT: adds a GoogleTest run's OK / FAILED lines to the totals; a crash
-# (e.g. 132 = SIGILL ends the run without a FAILED line) or a run of no test counts as a failure.
-# Leaves ok, bad and skipped for the caller's summary line.
-count_gtest() {
-    local log="$1" rc="$2" what="$3"
-    ok=$(grep -cE '^\[ +OK \] .*\([0-9]+ ms\)' "$log" || true)
-    bad=$(grep -cE '^\[ +FAILED +\] .*\([0-9]+ ms\)' "$log" || true)
-    skipped=$(grep -cE '^\[ +SKIPPED +\] .*\([0-9]+ ms\)' "$log" || true)
+# tally RC WHAT KIND: adds ok / bad (set by the caller) to the totals; a non-zero status without a
+# reported failure (a crash: 132 = SIGILL ends a run without a FAILED line) or a clean run of
+# nothing counts as one more failure.
+tally() {
+    local rc="$1" what="$2" kind="$3"
     passed=$((passed + ok))
     failed=$((failed + bad))
     if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
         echo "$EMU_TAG: $what exited with status $rc (signal $((rc > 128 ? rc - 128 : 0)))" \
-             "without reporting a failed test"
+             "without reporting a failed $kind"
         failed=$((failed + 1))
     fi
     if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ]; then
-        echo "$EMU_TAG: no GoogleTest test ran ($what)"
+        echo "$EMU_TAG: no $kind ran ($what)"
         failed=$((failed + 1))
     fi
 }
 
+# count_gtest LOG STATUS WHAT: a GoogleTest run's OK / FAILED lines into the totals (tally). Leaves
+# ok, bad and skipped for the caller's summary line.
+count_gtest() {
+    ok=$(grep -cE '^\[ +OK \] .*\([0-9]+ ms\)' "$1" || true)
+    bad=$(grep -cE '^\[ +FAILED +\] .*\([0-9]+ ms\)' "$1" || true)
+    skipped=$(grep -cE '^\[ +SKIPPED +\] .*\([0-9]+ ms\)' "$1" || true)
+    tally "$2" "$3" "GoogleTest test"
+}
+
 # count_checks LOG STATUS WHAT: the same for a smoke test's PASS / FAIL lines (ok, bad left set).
 count_checks() {
-    local log="$1" rc="$2" what="$3"
-    ok=$(grep -c '^PASS ' "$log" || true)
-    bad=$(grep -c '^FAIL ' "$log" || true)
-    passed=$((passed + ok))
-    failed=$((failed + bad))
-    if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
-        echo "$EMU_TAG: $what exited with status $rc (signal $((rc > 128 ? rc - 128 : 0)))" \
-             "without reporting a failed check"
-        failed=$((failed + 1))
-    fi
-    if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ]; then
-        echo "$EMU_TAG: no smoke check ran ($what)"
-        failed=$((failed + 1))
-    fi
+    ok=$(grep -c '^PASS ' "$1" || true)
+    bad=$(grep -c '^FAIL ' "$1" || true)
+    tally "$2" "$3" "smoke check"
 }
 
 # count_pytest LOG STATUS WHAT: the same for a pytest run, read off its summary line ("N failed,
 # M passed, K skipped in T s"; errors count as failures). Leaves ok, bad and skipped set.
 count_pytest() {
-    local log="$1" rc="$2" what="$3" line n
-    line=$(grep -E '[0-9]+ (passed|failed|error)' "$log" | tail -1)
+    local line n
+    line=$(grep -E '[0-9]+ (passed|failed|error)' "$1" | tail -1)
     num() { n=$(echo "$line" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' | head -1); echo "${n:-0}"; }
     ok=$(num passed)
     bad=$(($(num failed) + $(num error)))
     skipped=$(num skipped)
-    passed=$((passed + ok))
-    failed=$((failed + bad))
-    if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
-        echo "$EMU_TAG: $what exited with status $rc without reporting a failed test"
-        failed=$((failed + 1))
-    fi
-    if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ]; then
-        echo "$EMU_TAG: no pytest test ran ($what)"
-        failed=$((failed + 1))
-    fi
+    tally "$2" "$3" "pytest test"
 }
