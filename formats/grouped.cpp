@@ -143,6 +143,14 @@ bool qgroup_int_fold(const GroupedSpec& spec) {
          spec.code_lo >= -32 && spec.code_hi <= 32;
 }
 
+bool qgroup_lane_fold(const GroupedSpec& spec) {
+  if (spec.super_group <= 0 || spec.code_bits != 4 || spec.group > 32 || spec.int_fold ||
+      spec.scale_dtype != FloatType::f32 || !qgroup_identity_table(spec, 0))
+    return false;
+  const int64_t groups = spec.super_group / spec.group;
+  return groups % 2 == 0 && groups <= kQGroupLaneMaxGroups;
+}
+
 bool qgroup_identity_table(const GroupedSpec& spec, int offset) {
   if (spec.code_bits != 4) return false;
   for (int i = 0; i < 16; ++i)

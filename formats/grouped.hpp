@@ -139,6 +139,15 @@ bool qgroup_int16_sums(const GroupedSpec& spec, int c0);
 // < 2^31). Q6_K is such a type.
 bool qgroup_int_fold(const GroupedSpec& spec);
 
+// Whether the layer may take int16-lane super-block folds at avx2 (jit/kernel.hpp
+// kQGroupLaneFold): two-level scales over 4-bit codes that are their own nibbles (the identity
+// table without an offset: Q4_K, Q2_K), groups of at most 32 k (so a group's int16 lanes never
+// widen on the way: 16 products of <= 15 * 127), and an even number of at most
+// kQGroupLaneMaxGroups groups per super block (the bias sums pair two groups' s_g, each
+// |s_g| <= 32 * 127, in int16). The int32 sums then stay below 2^31 with any int8 sub-scales.
+constexpr int kQGroupLaneMaxGroups = 16;
+bool qgroup_lane_fold(const GroupedSpec& spec);
+
 // Whether the nibble table plus `offset` is 0, 1, ..., 15 (jit/kernel.hpp kQGroupIdentity).
 bool qgroup_identity_table(const GroupedSpec& spec, int offset);
 

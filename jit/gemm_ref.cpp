@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "formats/convert.hpp"
 #include "formats/grouped.hpp"
@@ -217,6 +219,17 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   const bool fold = key.variant & kQGroupIntFold;
   const int64_t header_bytes =
       super ? int64_t(cols) * 4 * (bias ? 2 : 1) + (fold ? int64_t(cols) * 4 : 0) : 0;
+  // int16-lane super-block folds (kQGroupLaneFold): per super block X = sum of sub * (the group's
+  // two int16 lanes, as vpmaddwd adds their products) and, with a bias, Y = sum of sub-bias *
+  // int16(s_g), both wrapping as vpaddd; then t = fma(scale factor, float(X), t) and
+  // t = fma(bias factor, float(Y), t) once per super block
+  const bool lanes = key.variant & kQGroupLaneFold;
+  if (lanes && (args.g_steps > formats::kQGroupI16Steps || !(key.variant & kQGroupI16) ||
+                !(key.variant & kQGroupSuper) || args.g_per_super % 2))
+    throw std::invalid_argument("gemm_ref: int16-lane folds take groups of <= " +
+                                std::to_string(4 * formats::kQGroupI16Steps) +
+                                " k with int16 sums, two-level scales and an even number of "
+                                "groups per super block");
   const int64_t gps = super ? args.g_per_super : args.g_per_strip;
   const int64_t strip_bytes = (group_bytes * gps + header_bytes) * (args.g_per_strip / gps);
   // The fp32 scale (b = 0) or bias (b = 1) of group g, column n, as the kernels compute it.
@@ -275,6 +288,7 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
       }
       for (int n = 0; !fold && n < cols; ++n) {
         float t = 0.0f;
+        uint32_t lx = 0, ly = 0;  // the lane folds' X and Y
         for (int64_t g = 0; g < args.g_per_strip; ++g) {
           const int8_t* gw = w + (g / gps) * (group_bytes * gps + header_bytes) + header_bytes +
                              (g % gps) * group_bytes;
@@ -309,6 +323,24 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
                 lane[0] = lane[1] = 0;
               }
             }
+          if (lanes) {  // vpmaddwd of the lanes by the sub-scale (both words), vpaddd
+            // (a group of 8 steps has its lanes in acc already: the words path moved them)
+            const int32_t sub = gw[code_bytes + n];
+            lx += uint32_t((acc + int32_t(lane[0]) + lane[1]) * sub);
+            if (bias) ly += uint32_t(int32_t(gw[code_bytes + cols + n]) * int32_t(int16_t(gs)));
+            if (g % gps == gps - 1) {
+              const int8_t* hw = w + (g / gps) * (group_bytes * gps + header_bytes);
+              float fs, fb;
+              std::memcpy(&fs, hw + n * 4, 4);
+              t = std::fma(fs, float(int32_t(lx)), t);
+              if (bias) {
+                std::memcpy(&fb, hw + (cols + n) * 4, 4);
+                t = std::fma(fb, float(int32_t(ly)), t);
+              }
+              lx = ly = 0;
+            }
+            continue;
+          }
           if (words) acc += int32_t(lane[0]) + lane[1];
           if (flip) acc -= 128 * gs;
           if (offset) acc -= c0 * gs;

@@ -85,6 +85,15 @@ constexpr uint16_t kQGroupIdentity = 0x800;
 // a_scale * sum over super blocks of fma(factor, float(exact sum)): fewer roundings than the
 // per-group order, not the same bits (docs/FORMATS.md).
 constexpr uint16_t kQGroupIntFold = 0x1000;
+// Int16-lane super-block folds at avx2 (formats::qgroup_lane_fold: two-level scales over 4-bit
+// identity codes without an offset and groups of at most 32 k, i.e. Q4_K and Q2_K): each group's
+// int16 lanes (kQGroupI16) are multiplied by its int8 sub-scale (vpmaddwd) into the super block's
+// int32 sum X; with a bias, the super block's int32 bias sum Y = sum of sub-bias * s_g is formed
+// at its end from int16 pairs of two groups (vpmaddwd). Then t = fma(scale factor, float(X), t)
+// and t = fma(bias factor, float(Y), t) once per super block: no per-group conversion, scale
+// build or FMA. Fewer roundings than the per-group order, not the same bits (docs/FORMATS.md).
+// Requires kQGroupNibbles | kQGroupSuper | kQGroupOffset (c0 = 0) | kQGroupI16 | kQGroupIdentity.
+constexpr uint16_t kQGroupLaneFold = 0x2000;
 
 // KernelKey::variant bit of kernels at avx512_bf16 that take bf16 activation pairs and multiply
 // with vdpbf16ps: WeightFormat::bf16 prefill over the strip re-laid as k pairs (jit/gemm.hpp

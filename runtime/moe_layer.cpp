@@ -33,6 +33,16 @@ constexpr int kNeonBf16PairMinRows = 6;
 // instructions instead of 5 (vpsignb and vpabsb go). avx512 (no VNNI) has the same kernels, checked
 // in the interpreter, but keeps its vpblendmb ones until a CPU measures them; VNNI levels already
 // take the codes unsigned (+ 128).
+// KT_JIT_QGROUP_FOLDS=0 keeps the per-group fp32 order at avx2 too: no int32 (kQGroupIntFold) or
+// int16-lane (kQGroupLaneFold) super-block folds, so every level's kernels give the same result
+// bits; read when a layer is built. Unset or 1: the folds where the codes allow them.
+bool qgroup_folds_allowed() {
+  const char* e = std::getenv("KT_JIT_QGROUP_FOLDS");
+  if (!e || !std::strcmp(e, "1")) return true;
+  if (!std::strcmp(e, "0")) return false;
+  throw std::invalid_argument(std::string("KT_JIT_QGROUP_FOLDS must be 0 or 1, got '") + e + "'");
+}
+
 int qgroup_offset(IsaLevel isa, const formats::GroupedSpec& g) {
   return isa == IsaLevel::avx2 && !g.int_fold ? formats::qgroup_code_offset(g) : -1;
 }
@@ -188,8 +198,9 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     qg_gu_ = *gu;
     qg_down_ = *down;
     // int32 super-block folds at avx2 (jit/kernel.hpp kQGroupIntFold) where the codes allow them
+    qg_folds_ = isa == IsaLevel::avx2 && qgroup_folds_allowed();
     for (formats::GroupedSpec* g : {&qg_gu_, &qg_down_})
-      g->int_fold = isa == IsaLevel::avx2 && formats::qgroup_int_fold(*g);
+      g->int_fold = qg_folds_ && formats::qgroup_int_fold(*g);
     qg_store_offset_[0] = qgroup_store_offset(isa, qg_gu_);
     qg_store_offset_[1] = qgroup_store_offset(isa, qg_down_);
     formats::qgroup_kernel_lut(qg_gu_, qg_store_offset_[0], qg_lut_[0]);
@@ -418,7 +429,8 @@ void MoELayer::build_kernels() {
                       (c0 >= 0 ? qgroup_offset_variant(c0) : 0) |
                       (formats::qgroup_int16_sums(g, c0) ? kQGroupI16 : 0) |
                       (c0 >= 0 && formats::qgroup_identity_table(g, c0) ? kQGroupIdentity : 0) |
-                      (g.int_fold ? kQGroupIntFold : 0));
+                      (g.int_fold ? kQGroupIntFold : 0) |
+                      (qg_folds_ && c0 == 0 && formats::qgroup_lane_fold(g) ? kQGroupLaneFold : 0));
     };
     const bool qg = format_ == WeightFormat::qgroup;
     auto k_pairs = [](const formats::StripLayout& l) { return l.k % 2 == 0 && l.g_steps % 2 == 0; };

@@ -248,6 +248,9 @@ class MoELayer {
   // qgroup: what the packed byte codes and the tables hold beyond the code (gate/up, down): 128
   // at VNNI levels, c0 for offset codes (qgroup_store_offset in moe_layer.cpp), else 0
   int qg_store_offset_[2] = {0, 0};
+  // qgroup at avx2: super-block folds (int32 or int16-lane) where the codes allow them, unless
+  // KT_JIT_QGROUP_FOLDS=0
+  bool qg_folds_ = false;
   IsaLevel isa_;
   int lanes_;
   std::vector<Shard> shards_;

@@ -82,6 +82,7 @@ class GemmGenerator : public JitGenerator {
         qgw_(qg_ && (key.variant & kQGroupI16)),
         qgi_(qg_ && (key.variant & kQGroupIdentity)),
         qgf_(qg_ && (key.variant & kQGroupIntFold)),
+        qgl_(qg_ && (key.variant & kQGroupLaneFold)),
         qc0_(qgroup_code_offset(key)),
         gsum_(qg_ && qgroup_needs_gsum(key)),
         nib_(int4_ || qg4_),
@@ -123,9 +124,9 @@ class GemmGenerator : public JitGenerator {
       throw std::invalid_argument(
           "gemm: fp8 pair kernels (vdpbf16ps) are at avx512_bf16, decode ones of <= 4 rows: " +
           key.describe());
-    if (qg_ && ((key.variant &
-                 ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper | 0xf0 | kQGroupF16 |
-                   kQGroupBf16 | kQGroupI16 | kQGroupIdentity | kQGroupIntFold)) ||
+    if (qg_ && ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper |
+                                 0xf0 | kQGroupF16 | kQGroupBf16 | kQGroupI16 | kQGroupIdentity |
+                                 kQGroupIntFold | kQGroupLaneFold)) ||
                 ((key.variant & 0xf0) && !qgo_) ||
                 __builtin_popcount(key.variant & (kQGroupSuper | kQGroupF16 | kQGroupBf16)) > 1))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
@@ -134,6 +135,12 @@ class GemmGenerator : public JitGenerator {
           "gemm: offset codes are kernels below the VNNI levels, offset <= 128: " + key.describe());
     if (qgw_ && !qgo_)
       throw std::invalid_argument("gemm: int16 group sums are for offset codes: " + key.describe());
+    if (qgl_ && (key.isa != IsaLevel::avx2 || !qgs_ || !qg4_ || !qgi_ || qc0_ != 0 || !qgw_ ||
+                 qgf_ || mr_ > 2))
+      throw std::invalid_argument(
+          "gemm: int16-lane super-block folds are avx2 kernels of two-level identity nibble codes "
+          "without an offset, with int16 group sums: " +
+          key.describe());
     if (qgf_ && (key.isa != IsaLevel::avx2 || !qgs_ || qgb_ || qg4_ || qgo_ || qgw_))
       throw std::invalid_argument(
           "gemm: int32 super-block folds are avx2 kernels of two-level byte codes without a bias "
@@ -277,7 +284,8 @@ class GemmGenerator : public JitGenerator {
   void generate() {
     preamble(mx_    ? kMxAccStack + (mx_stack_acc() ? mr_ * nv_ * vec_bytes() : 0)
              : fp8_ ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
-             : qg_  ? qf_scale_slot(nv_) + (qgw_ ? mr_ * nv_ * vec_bytes() : 0)
+             : qg_  ? qf_scale_slot(nv_) + (qgw_ ? mr_ * nv_ * vec_bytes() : 0) +
+                          (qgl_ && qgb_ ? formats::kQGroupLaneMaxGroups * 32 : 0)
              : i4w_ ? kI4AccStack + mr_ * nv_ * vec_bytes()
                     : 16);
     load_params();
@@ -512,7 +520,7 @@ class GemmGenerator : public JitGenerator {
         vbroadcasti128(Ymm(qlut().getIdx()), ptr[reg_tmp]);
       vmovups(qmask(), cpool(c_0f_));
     }
-    if (!vnni_ && !qgf_) vmovups(qones(), cpool(c_ones16_));
+    if (!vnni_ && !qgf_ && !qgl_) vmovups(qones(), cpool(c_ones16_));
     if (!vnni_ && zmm_isa()) vpxord(qzero(), qzero(), qzero());
   }
 
@@ -628,6 +636,119 @@ class GemmGenerator : public JitGenerator {
       }
     }
   }
+  // Int16-lane super-block folds (kQGroupLaneFold, avx2; groups of <= 8 K steps): per group the
+  // int16 lanes (qacc) start at zero and take its K steps (vpaddw); at its end vpmaddwd by the
+  // sub-scales (in both words of each column's dword) and vpaddd add them into the super block's
+  // int32 sums X on the stack (qw_part_slot), and the group's sub-biases are copied to the stack
+  // (ql_bias_slot). At the super block's end, with a bias, Y = sum of sub-bias * s_g is formed in
+  // the qacc registers two groups at a time (int16 pairs: (s_2p, s_2p+1) of the row broadcast,
+  // the columns' (sub-bias_2p, sub-bias_2p+1) from vpunpcklbw + vpmovsxbw; vpmaddwd, vpaddd),
+  // then t = fma(scale factor, float(X), t), t = fma(bias factor, float(Y), t).
+  void k_loop_qgroup_lanes(bool prefetch_next) {
+    Label super, group, pair, done;
+    mov(reg_gc, arg(offsetof(GemmArgs, s_per_strip)));
+    if (qgb_) {
+      mov(reg_gsum, arg(offsetof(GemmArgs, a_gsum)));
+      lea(reg_gsum, ptr[reg_gsum + reg_row * 4]);
+    }
+    test(reg_gc, reg_gc);
+    jle(done, T_NEAR);
+    const Xmm t = vreg(14), u = vreg(13), mbv = vreg(12);
+    const Xmm b[2] = {vreg(8), vreg(15)};
+    L(super);
+    {
+      mov(reg_sb, reg_w);
+      advance_w(qg_header_bytes());
+      vpxor(t, t, t);
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) vmovdqu(vmem(rsp + qw_part_slot(m, v)), t);
+      mov(reg_sg, arg(offsetof(GemmArgs, g_per_super)));
+      L(group);
+      {
+        dec(reg_sg);  // the groups after this one: its sub-bias slot
+        for (int m = 0; m < mr_; ++m)
+          for (int v = 0; v < nv_; ++v) vpxor(qacc(m, v), qacc(m, v), qacc(m, v));
+        qgroup_steps(prefetch_next);
+        for (int v = 0; v < nv_; ++v) {
+          vpmovsxbd(t, qword[reg_w + v * lanes_]);
+          vpshufb(t, t, cpool(c_dupw_));
+          for (int m = 0; m < mr_; ++m) {
+            vpmaddwd(qacc(m, v), qacc(m, v), t);
+            vpaddd(qacc(m, v), qacc(m, v), vmem(rsp + qw_part_slot(m, v)));
+            vmovdqu(vmem(rsp + qw_part_slot(m, v)), qacc(m, v));
+          }
+        }
+        if (qgb_) {  // the strip_cols() sub-biases: one ymm, or (tail strips) a qword a vector
+          lea(reg_k, ptr[reg_sg * 8]);
+          if (nv_ == kStripVecs) {
+            vmovdqu(t, yword[reg_w + strip_cols()]);
+            vmovdqu(yword[rsp + reg_k * 4 + ql_bias_slot()], t);
+          } else {
+            for (int v = 0; v < nv_; ++v) {
+              vmovq(Xmm(t.getIdx()), qword[reg_w + strip_cols() + v * lanes_]);
+              vmovq(qword[rsp + reg_k * 4 + ql_bias_slot() + v * lanes_], Xmm(t.getIdx()));
+            }
+          }
+        }
+        advance_w(qg_extra_bytes());
+        qgroup_prefetch_scales(prefetch_next);
+        test(reg_sg, reg_sg);
+        jnz(group, T_NEAR);
+      }
+      if (qgb_) {
+        for (int m = 0; m < mr_; ++m)
+          for (int v = 0; v < nv_; ++v) vpxor(qacc(m, v), qacc(m, v), qacc(m, v));
+        mov(reg_sg, arg(offsetof(GemmArgs, g_per_super)));
+        shr(reg_sg, 1);
+        mov(reg_k, arg(offsetof(GemmArgs, g_per_super)));
+        shl(reg_k, 5);
+        lea(reg_k, ptr[rsp + reg_k + ql_bias_slot() - 32]);  // group 2p's slot; 2p + 1 below it
+        L(pair);
+        {
+          for (int m = 0; m < mr_; ++m) vmovd(Xmm(b[m].getIdx()), dword[reg_gsum + m * 4]);
+          add(reg_gsum, arg(offsetof(GemmArgs, a_gsum_ld)));
+          for (int m = 0; m < mr_; ++m) {
+            const Xmm x(b[m].getIdx());
+            vpinsrw(x, x, word[reg_gsum + m * 4], 1);
+            vpbroadcastd(b[m], x);
+          }
+          add(reg_gsum, arg(offsetof(GemmArgs, a_gsum_ld)));
+          for (int v = 0; v < nv_; ++v) {
+            const Xmm xm(mbv.getIdx()), xu(u.getIdx());
+            vmovq(xm, qword[reg_k + v * lanes_]);
+            vmovq(xu, qword[reg_k - 32 + v * lanes_]);
+            vpunpcklbw(xm, xm, xu);
+            vpmovsxbw(mbv, xm);
+            for (int m = 0; m < mr_; ++m) {
+              vpmaddwd(t, mbv, b[m]);
+              vpaddd(qacc(m, v), qacc(m, v), t);
+            }
+          }
+          sub(reg_k, 64);
+          dec(reg_sg);
+          jnz(pair, T_NEAR);
+        }
+      }
+      for (int v = 0; v < nv_; ++v)
+        for (int m = 0; m < mr_; ++m) {
+          const Xmm fa = qgs2_ ? u : acc(m, v);
+          if (qgs2_) vmovups(fa, vmem(rsp + acc_slot(m, v)));
+          vcvtdq2ps(t, vmem(rsp + qw_part_slot(m, v)));
+          vfmadd231ps(fa, t, vmem(reg_sb + v * vec_bytes()));
+          if (qgb_) {
+            vcvtdq2ps(qacc(m, v), qacc(m, v));
+            vfmadd231ps(fa, qacc(m, v), vmem(reg_sb + (nv_ + v) * vec_bytes()));
+          }
+          if (qgs2_) vmovups(vmem(rsp + acc_slot(m, v)), fa);
+        }
+      dec(reg_gc);
+      jnz(super, T_NEAR);
+    }
+    L(done);
+  }
+  // Int16-lane folds with a bias: the sub-biases of the super block's group with r groups after
+  // it at ql_bias_slot() + 32 r.
+  int ql_bias_slot() const { return qw_part_slot(mr_, 0); }
   // The stack slot of vector v's int16 sub-scale pairs (int32 folds), above the 2-row tiles' fp32
   // accumulators; qf_scale_slot(nv_) is the qgroup kernels' stack size.
   int qf_scale_slot(int v) const {
@@ -741,7 +862,7 @@ class GemmGenerator : public JitGenerator {
   void qgroup_steps(bool prefetch_next) {
     Label inner;
     mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
-    if (qgw_) {  // int16 lanes: kQGroupI16Steps steps, then (group not done) widen into the parts
+    if (qgw_ && !qgl_) {  // int16 lanes: kQGroupI16Steps steps, then (group not done) widen
       static_assert(formats::kQGroupI16Steps == 2 * kUnroll);
       Label eight, last4, end;
       L(eight);
@@ -904,6 +1025,8 @@ class GemmGenerator : public JitGenerator {
     if (qg_) {
       if (qgf_)
         k_loop_qgroup_fold(prefetch_next);
+      else if (qgl_)
+        k_loop_qgroup_lanes(prefetch_next);
       else
         k_loop_qgroup(prefetch_next);
       return;
@@ -1948,6 +2071,7 @@ class GemmGenerator : public JitGenerator {
   const bool qgw_;   // int16 group sums (kQGroupI16)
   const bool qgi_;   // nibbles are the codes (kQGroupIdentity)
   const bool qgf_;   // int32 super-block folds (kQGroupIntFold)
+  const bool qgl_;   // int16-lane super-block folds (kQGroupLaneFold)
   const int qc0_;    // offset codes: c0
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;

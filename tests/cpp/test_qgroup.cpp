@@ -56,6 +56,10 @@ struct Problem {
   // formats::qgroup_int_fold allows): byte codes in [-32, 31] (Q6_K) or [-32, 32], activations
   // given to the kernels as a + 128
   bool fold = false;
+  // int16-lane super-block folds (kQGroupLaneFold; the executor's choice at avx2 where
+  // formats::qgroup_lane_fold allows): identity nibbles (Q4_K's table), G <= 32, an even number
+  // of groups per super block; needs offset, words, ident and super
+  bool lanes = false;
   // Every code at the table's last entry (bytes: the range's top) and every activation 127: the
   // largest sums an int16 lane meets.
   bool extreme = false;
@@ -86,8 +90,8 @@ struct Problem {
     s << "repro: KT_JIT_ISA=" << isa_name(isa) << " epi=" << int(epi) << " nib=" << nib
       << " bias=" << bias << " lut=" << (nib ? lut() : -1) << " offset=" << offset << " M=" << M
       << " N=" << N << " K=" << K << " G=" << G << " super=" << super << " half=" << half
-      << " words=" << words << " ident=" << ident << " fold=" << fold << " seed=" << seed
-      << " (ktjit_tests --gtest_filter='QGroup.*')";
+      << " words=" << words << " ident=" << ident << " fold=" << fold << " lanes=" << lanes
+      << " seed=" << seed << " (ktjit_tests --gtest_filter='QGroup.*')";
     return s.str();
   }
 };
@@ -196,6 +200,7 @@ KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
   if (p.words) k.variant |= kQGroupI16;
   if (p.ident) k.variant |= kQGroupIdentity;
   if (p.fold) k.variant |= kQGroupIntFold;
+  if (p.lanes) k.variant |= kQGroupLaneFold;
   return k;
 }
 
@@ -320,14 +325,19 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
       double want = 0.0, mag = 0.0;
       // int32 folds: per super block the exact sum of sub * group dot products, then
       // t = fma(factor, float(sum), t), with factor and subs as the packer splits the scales
-      float fold_f = 0.0f;
-      int8_t fold_sub[256] = {};
-      int64_t fold_sum = 0;
+      // int16-lane folds: likewise, and with a bias its exact sum of sub-bias * asum, then
+      // t = fma(bias factor, float(that sum), t)
+      float fold_f = 0.0f, fold_fb = 0.0f;
+      int8_t fold_sub[256] = {}, fold_subb[256] = {};
+      int64_t fold_sum = 0, fold_bsum = 0;
       for (int64_t g = 0; g < groups; ++g) {
-        if (p.fold && g % p.super == 0) {
+        if ((p.fold || p.lanes) && g % p.super == 0) {
           ASSERT_TRUE(formats::factor_int8(&s.scales[size_t(n * groups + g)], int(p.super), &fold_f,
                                            fold_sub));
-          fold_sum = 0;
+          if (p.bias)
+            ASSERT_TRUE(formats::factor_int8(&s.biases[size_t(n * groups + g)], int(p.super),
+                                             &fold_fb, fold_subb));
+          fold_sum = fold_bsum = 0;
         }
         int64_t acc = 0, asum = 0;
         for (int64_t k = g * p.G; k < (g + 1) * p.G; ++k) {
@@ -340,9 +350,13 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
           want += double(a) * wv;
           mag += std::fabs(double(a) * wv);
         }
-        if (p.fold) {
+        if (p.fold || p.lanes) {
           fold_sum += fold_sub[g % p.super] * acc;
-          if (g % p.super == p.super - 1) t = std::fma(fold_f, float(fold_sum), t);
+          fold_bsum += fold_subb[g % p.super] * asum;
+          if (g % p.super == p.super - 1) {
+            t = std::fma(fold_f, float(fold_sum), t);
+            if (p.lanes && p.bias) t = std::fma(fold_fb, float(fold_bsum), t);
+          }
           continue;
         }
         t = std::fma(s.scales[size_t(n * groups + g)], float(acc), t);
@@ -436,6 +450,94 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
     }
   }
   EXPECT_GT(checked, 0u);
+}
+
+// int16-lane super-block folds at avx2 (Q4_K / Q2_K-like: identity nibbles, two-level scales, with
+// and without a bias): 1- and 2-row tiles, tail strips, super blocks of 4, 8 and 16 groups of 16
+// and 32 k, one and several per strip, every code 15 with every activation 127 (each lane's
+// 16 products at 30480) on some; bit for bit against the twin, the twin against the per super
+// block order on the sources and against double math (check_problem).
+TEST(QGroup, LaneFoldMatchesReference) {
+  const auto levels = test::kernel_test_levels();
+  if (std::find(levels.begin(), levels.end(), IsaLevel::avx2) == levels.end())
+    GTEST_SKIP() << "this CPU runs no avx2 kernels";
+  // {G, K, groups per super block}
+  const int64_t GKS[][3] = {{32, 256, 8}, {32, 768, 8}, {16, 256, 16}, {16, 128, 4}, {32, 64, 2}};
+  uint32_t seed = 7001;  // seed % 4 == 1: the Q4_K table (0 .. 15)
+  size_t ran = 0;
+  std::vector<std::string> names;
+  for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+    for (bool bias : {false, true})
+      for (int64_t M : {1, 2, 3, 5, 17})
+        for (int64_t N : {16, 40, 100})
+          for (const auto& gks : GKS) {
+            Problem p{IsaLevel::avx2, epi, true, bias, M, N, gks[1], gks[0], seed};
+            seed += 4;
+            p.offset = p.words = p.ident = p.lanes = true;
+            p.super = gks[2];
+            p.extreme = (seed / 4) % 5 == 0;
+            ASSERT_EQ(p.c0(), 0);
+            ASSERT_TRUE(formats::qgroup_lane_fold(p.spec())) << p.repro();
+            ASSERT_TRUE(formats::qgroup_int16_sums(p.spec(), 0));
+            check_problem(p, &names);
+            if (HasFatalFailure()) return;
+            ++ran;
+          }
+  EXPECT_EQ(ran, 3u * 2 * 5 * 3 * 5);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  EXPECT_GE(test::count_containing(names, "qg4u0iwls_avx2_m2"), 3u);
+  EXPECT_GE(test::count_containing(names, "qg4bu0iwls_avx2_m2"), 3u);
+  EXPECT_GE(test::count_containing(names, "qg4bu0iwls_avx2_m1"), 6u);
+}
+
+// Where the layer takes int16-lane folds, and the generator refusing them elsewhere.
+TEST(QGroup, LaneFoldOnlyWhereItFits) {
+  formats::GroupedSpec s;  // Q4_K
+  s.group = 32;
+  s.super_group = 256;
+  s.bias = true;
+  s.code_bits = 4;
+  std::memcpy(s.lut, kLuts[1], 16);
+  EXPECT_TRUE(formats::qgroup_lane_fold(s));
+  s.group = 16;  // Q2_K's 16 groups
+  EXPECT_TRUE(formats::qgroup_lane_fold(s));
+  s.super_group = 512;  // 32 groups: more than the stack holds
+  EXPECT_FALSE(formats::qgroup_lane_fold(s));
+  s.super_group = 48;  // 3 groups: the bias pairs two
+  EXPECT_FALSE(formats::qgroup_lane_fold(s));
+  s.group = 64;  // lanes would widen on the way
+  s.super_group = 256;
+  EXPECT_FALSE(formats::qgroup_lane_fold(s));
+  s.group = 32;
+  std::memcpy(s.lut, kLuts[0], 16);  // Q4_0's q - 8: an offset
+  EXPECT_FALSE(formats::qgroup_lane_fold(s));
+  std::memcpy(s.lut, kLuts[1], 16);
+  s.super_group = 0;  // one-level scales
+  EXPECT_FALSE(formats::qgroup_lane_fold(s));
+  s.super_group = 256;
+  s.code_bits = 8;  // bytes
+  EXPECT_FALSE(formats::qgroup_lane_fold(s));
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 generators only";
+#endif
+  Problem p{IsaLevel::avx2, Epilogue::siluup, true, true, 2, 64, 256, 32, 1};
+  p.offset = p.words = p.ident = p.lanes = true;
+  p.super = 8;
+  EXPECT_EQ(key_for(p, KernelKind::gemm_prefill, 2, 4).name(),
+            "gemm_prefill_qg4bu0iwls_avx2_m2n32_siluup");
+  EXPECT_NO_THROW(KernelCache::generate_only(key_for(p, KernelKind::gemm_prefill, 2, 4)));
+  for (int drop = 0; drop < 5; ++drop) {  // each required bit gone, or another level
+    Problem q = p;
+    if (drop == 0) q.words = false;
+    if (drop == 1) q.ident = false;
+    if (drop == 2) q.offset = false;
+    if (drop == 3) q.super = 0;
+    if (drop == 4) q.isa = IsaLevel::avx512;
+    EXPECT_THROW(KernelCache::generate_only(key_for(q, KernelKind::gemm_decode, 1, 4)),
+                 std::invalid_argument)
+        << drop;
+  }
 }
 
 // The ISA tag kernel names carry ("avx512vnni"), read off a name.

@@ -270,6 +270,26 @@ def test_moe_per_integer_type(ref, tmp_path, name):
     # Q6_K at avx2 runs the int32 super-block folds (jit/kernel.hpp kQGroupIntFold), nothing else
     fold = [n for n in wr.moe.kernel_names() if "_qg8fs_" in n]
     assert bool(fold) == (name == "Q6_K" and wr.moe.isa == "avx2"), wr.moe.kernel_names()
+    # Q4_K and Q2_K at avx2 run the int16-lane super-block folds (kQGroupLaneFold), nothing else
+    lanes = [n for n in wr.moe.kernel_names() if "iwls_" in n]
+    assert bool(lanes) == (name in ("Q4_K", "Q2_K") and wr.moe.isa == "avx2"), wr.moe.kernel_names()
+
+
+@needs_grouped
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_qgroup_folds_can_be_turned_off(ref, tmp_path, monkeypatch, name):
+    """KT_JIT_QGROUP_FOLDS=0: the per-group fp32 order at avx2 too (no super-block folds), still
+    within the bars; any value but 0 or 1 is refused when the layer is built."""
+    path, gate, up, down = make_model(tmp_path, (name, name, name), seed=INT_TYPES.index(name))
+    monkeypatch.setenv("KT_JIT_QGROUP_FOLDS", "0")
+    wr = wrapper_for(path)
+    wr.load_weights()
+    check_moe(ref, wr, gate, up, down, 3e-2, actq=wr.moe.shard_bounds)
+    names = wr.moe.kernel_names()
+    assert names and not [n for n in names if "iwls_" in n or "_qg8fs_" in n], names
+    monkeypatch.setenv("KT_JIT_QGROUP_FOLDS", "yes")
+    with pytest.raises(ValueError, match="KT_JIT_QGROUP_FOLDS must be 0 or 1"):
+        wrapper_for(path).load_weights()
 
 
 @pytest.mark.parametrize("name", FLOAT_TYPES)
