@@ -39,6 +39,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--shape", default="qwen3", help="a kt_jit.bench shape (qwen3, deepseek-v3, ...)"
     )
+    p.add_argument(
+        "--dims", default="", help="E,TOPK,H,I instead of --shape (small layers for a quick check)"
+    )
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--pairs", type=int, default=15)
     p.add_argument("--a", action="append", default=[], help="NAME=VALUE for layer A (repeatable)")
@@ -53,11 +56,18 @@ def main(argv=None) -> int:
 
     from kt_jit import _core, bench
 
-    if args.shape not in bench.SHAPES:
+    if args.dims:
+        try:
+            E, K, H, I = (int(v) for v in args.dims.split(","))
+        except ValueError:
+            raise SystemExit(f"--dims takes E,TOPK,H,I, got {args.dims!r}") from None
+        args.shape = args.dims
+    elif args.shape in bench.SHAPES:
+        shp = bench.SHAPES[args.shape]
+        E, K, H, I = shp["experts"], shp["top_k"], shp["hidden"], shp["intermediate"]
+    else:
         raise SystemExit(f"--shape must be one of {sorted(bench.SHAPES)}")
     _core.init_pool(1, args.threads)
-    shp = bench.SHAPES[args.shape]
-    E, K, H, I = shp["experts"], shp["top_k"], shp["hidden"], shp["intermediate"]
     gen = torch.Generator().manual_seed(0)
     src = bench._random_sources(torch, args.method, E, H, I, gen, args.gguf_type)
     if src is None:  # float weights, quantized by the layer as kt-jit bench does
