@@ -524,15 +524,18 @@ class GemmGenerator : public JitGenerator {
     if (!vnni_ && zmm_isa()) vpxord(qzero(), qzero(), qzero());
   }
 
+  // reg_gsum: the first group's a_gsum entry of the M block's first row.
+  void gsum_of_block_rows() {
+    mov(reg_gsum, arg(offsetof(GemmArgs, a_gsum)));
+    lea(reg_gsum, ptr[reg_gsum + reg_row * 4]);
+  }
+
   // qgroup: for each group, zero the int32 accumulators, run its K steps, then fold them into the
   // fp32 accumulators with the group's scales (and biases) that follow its codes in the stream.
   void k_loop_qgroup(bool prefetch_next) {
     Label group, done;
     mov(reg_gc, arg(offsetof(GemmArgs, g_per_strip)));
-    if (gsum_) {
-      mov(reg_gsum, arg(offsetof(GemmArgs, a_gsum)));
-      lea(reg_gsum, ptr[reg_gsum + reg_row * 4]);
-    }
+    if (gsum_) gsum_of_block_rows();
     test(reg_gc, reg_gc);
     jle(done, T_NEAR);
     if (qgs_) xor_(reg_sg.cvt32(), reg_sg.cvt32());
@@ -647,10 +650,7 @@ class GemmGenerator : public JitGenerator {
   void k_loop_qgroup_lanes(bool prefetch_next) {
     Label super, group, pair, done;
     mov(reg_gc, arg(offsetof(GemmArgs, s_per_strip)));
-    if (qgb_) {
-      mov(reg_gsum, arg(offsetof(GemmArgs, a_gsum)));
-      lea(reg_gsum, ptr[reg_gsum + reg_row * 4]);
-    }
+    if (qgb_) gsum_of_block_rows();
     test(reg_gc, reg_gc);
     jle(done, T_NEAR);
     const Xmm t = vreg(14), u = vreg(13), mbv = vreg(12);
