@@ -198,7 +198,9 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     qg_gu_ = *gu;
     qg_down_ = *down;
     // int32 super-block folds at avx2 (jit/kernel.hpp kQGroupIntFold) where the codes allow them
-    qg_folds_ = isa == IsaLevel::avx2 && qgroup_folds_allowed();
+    // (the setting is checked on every level: a typo is an error everywhere)
+    const bool folds_allowed = qgroup_folds_allowed();
+    qg_folds_ = isa == IsaLevel::avx2 && folds_allowed;
     for (formats::GroupedSpec* g : {&qg_gu_, &qg_down_})
       g->int_fold = qg_folds_ && formats::qgroup_int_fold(*g);
     qg_store_offset_[0] = qgroup_store_offset(isa, qg_gu_);
