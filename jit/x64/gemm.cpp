@@ -135,8 +135,8 @@ class GemmGenerator : public JitGenerator {
           "gemm: offset codes are kernels below the VNNI levels, offset <= 128: " + key.describe());
     if (qgw_ && !qgo_)
       throw std::invalid_argument("gemm: int16 group sums are for offset codes: " + key.describe());
-    if (qgl_ && (key.isa != IsaLevel::avx2 || !qgs_ || !qg4_ || !qgi_ || qc0_ != 0 || !qgw_ ||
-                 qgf_ || mr_ > 2))
+    if (qgl_ &&
+        (key.isa != IsaLevel::avx2 || !qgs_ || !qg4_ || !qgi_ || qc0_ != 0 || !qgw_ || qgf_))
       throw std::invalid_argument(
           "gemm: int16-lane super-block folds are avx2 kernels of two-level identity nibble codes "
           "without an offset, with int16 group sums: " +
@@ -524,6 +524,22 @@ class GemmGenerator : public JitGenerator {
     if (!vnni_ && zmm_isa()) vpxord(qzero(), qzero(), qzero());
   }
 
+  // body(fa) on the fp32 accumulator of (row m, vector v): its register, or (2-row avx2 tiles)
+  // `tmp` loaded from its stack slot and stored back.
+  template <class Body>
+  void with_fp32_acc(int m, int v, const Xmm& tmp, Body&& body) {
+    const Xmm fa = qgs2_ ? tmp : acc(m, v);
+    if (qgs2_) vmovups(fa, vmem(rsp + acc_slot(m, v)));
+    body(fa);
+    if (qgs2_) vmovups(vmem(rsp + acc_slot(m, v)), fa);
+  }
+  // t = 8 columns' int8 sub-scales at `subs`, each in both words of its column's dword (the
+  // other operand of a vpmaddwd over int16 pair sums).
+  void sub_scale_pairs(const Xmm& t, const Address& subs) {
+    vpmovsxbd(t, subs);
+    vpshufb(t, t, cpool(c_dupw_));
+  }
+
   // reg_gsum: the first group's a_gsum entry of the M block's first row.
   void gsum_of_block_rows() {
     mov(reg_gsum, arg(offsetof(GemmArgs, a_gsum)));
@@ -591,8 +607,7 @@ class GemmGenerator : public JitGenerator {
         // each column's int8 sub-scale in both words of its dword (vpmaddwd's other operand)
         const Xmm t = vreg(14);
         for (int v = 0; v < nv_; ++v) {
-          vpmovsxbd(t, qword[reg_w + reg_cb + v * 8]);
-          vpshufb(t, t, cpool(c_dupw_));
+          sub_scale_pairs(t, qword[reg_w + reg_cb + v * 8]);
           vmovdqu(vmem(rsp + qf_scale_slot(v)), t);
         }
         qgroup_steps(prefetch_next);
@@ -606,10 +621,9 @@ class GemmGenerator : public JitGenerator {
         for (int m = 0; m < mr_; ++m) {
           vpsubd(qacc(m, v), qacc(m, v), vmem(reg_sb + (strip_cols() + v * lanes_) * 4));
           vcvtdq2ps(qacc(m, v), qacc(m, v));
-          const Xmm fa = qgs2_ ? fa_tmp : acc(m, v);
-          if (qgs2_) vmovups(fa, vmem(rsp + acc_slot(m, v)));
-          vfmadd231ps(fa, qacc(m, v), vmem(reg_sb + v * vec_bytes()));
-          if (qgs2_) vmovups(vmem(rsp + acc_slot(m, v)), fa);
+          with_fp32_acc(m, v, fa_tmp, [&](const Xmm& fa) {
+            vfmadd231ps(fa, qacc(m, v), vmem(reg_sb + v * vec_bytes()));
+          });
         }
       dec(reg_gc);
       jnz(super, T_NEAR);
@@ -670,8 +684,7 @@ class GemmGenerator : public JitGenerator {
           for (int v = 0; v < nv_; ++v) vpxor(qacc(m, v), qacc(m, v), qacc(m, v));
         qgroup_steps(prefetch_next);
         for (int v = 0; v < nv_; ++v) {
-          vpmovsxbd(t, qword[reg_w + v * lanes_]);
-          vpshufb(t, t, cpool(c_dupw_));
+          sub_scale_pairs(t, qword[reg_w + v * lanes_]);
           for (int m = 0; m < mr_; ++m) {
             vpmaddwd(qacc(m, v), qacc(m, v), t);
             vpaddd(qacc(m, v), qacc(m, v), vmem(rsp + qw_part_slot(m, v)));
@@ -730,17 +743,15 @@ class GemmGenerator : public JitGenerator {
         }
       }
       for (int v = 0; v < nv_; ++v)
-        for (int m = 0; m < mr_; ++m) {
-          const Xmm fa = qgs2_ ? u : acc(m, v);
-          if (qgs2_) vmovups(fa, vmem(rsp + acc_slot(m, v)));
-          vcvtdq2ps(t, vmem(rsp + qw_part_slot(m, v)));
-          vfmadd231ps(fa, t, vmem(reg_sb + v * vec_bytes()));
-          if (qgb_) {
-            vcvtdq2ps(qacc(m, v), qacc(m, v));
-            vfmadd231ps(fa, qacc(m, v), vmem(reg_sb + (nv_ + v) * vec_bytes()));
-          }
-          if (qgs2_) vmovups(vmem(rsp + acc_slot(m, v)), fa);
-        }
+        for (int m = 0; m < mr_; ++m)
+          with_fp32_acc(m, v, u, [&](const Xmm& fa) {
+            vcvtdq2ps(t, vmem(rsp + qw_part_slot(m, v)));
+            vfmadd231ps(fa, t, vmem(reg_sb + v * vec_bytes()));
+            if (qgb_) {
+              vcvtdq2ps(qacc(m, v), qacc(m, v));
+              vfmadd231ps(fa, qacc(m, v), vmem(reg_sb + (nv_ + v) * vec_bytes()));
+            }
+          });
       dec(reg_gc);
       jnz(super, T_NEAR);
     }
@@ -839,18 +850,16 @@ class GemmGenerator : public JitGenerator {
         qgroup_scale_vector(sc, v, 0);
         if (qgb_) qgroup_scale_vector(bi, v, 1);
       }
-      for (int m = 0; m < mr_; ++m) {
-        const Xmm fa = qgs2_ ? fa_tmp : acc(m, v);
-        if (qgs2_) vmovups(fa, vmem(rsp + acc_slot(m, v)));
-        if (built) {
-          vfmadd231ps(fa, qacc(m, v), sc);
-          if (qgb_) vfmadd231ps(fa, qend_tmp(m), bi);
-        } else {
-          vfmadd231ps(fa, qacc(m, v), vmem(reg_w + v * vec_bytes()));
-          if (qgb_) vfmadd231ps(fa, qend_tmp(m), vmem(reg_w + (nv_ + v) * vec_bytes()));
-        }
-        if (qgs2_) vmovups(vmem(rsp + acc_slot(m, v)), fa);
-      }
+      for (int m = 0; m < mr_; ++m)
+        with_fp32_acc(m, v, fa_tmp, [&](const Xmm& fa) {
+          if (built) {
+            vfmadd231ps(fa, qacc(m, v), sc);
+            if (qgb_) vfmadd231ps(fa, qend_tmp(m), bi);
+          } else {
+            vfmadd231ps(fa, qacc(m, v), vmem(reg_w + v * vec_bytes()));
+            if (qgb_) vfmadd231ps(fa, qend_tmp(m), vmem(reg_w + (nv_ + v) * vec_bytes()));
+          }
+        });
     }
     advance_w(qg_extra_bytes());
     if (gsum_) add(reg_gsum, arg(offsetof(GemmArgs, a_gsum_ld)));
