@@ -28,11 +28,6 @@ constexpr int kBf16PairMinRows = 12;
 // block plus a decode remainder), so padding the last block is the cheaper way.
 constexpr int kNeonBf16PairMinRows = 6;
 
-// qgroup offset codes (jit/kernel.hpp kQGroupOffset) at avx2, for 4-bit tables that allow them:
-// c0, or -1 for the sign-step kernels. Per (row, vector) and K step they need 3 vector
-// instructions instead of 5 (vpsignb and vpabsb go). avx512 (no VNNI) has the same kernels, checked
-// in the interpreter, but keeps its vpblendmb ones until a CPU measures them; VNNI levels already
-// take the codes unsigned (+ 128).
 // KT_JIT_QGROUP_FOLDS=0 keeps the per-group fp32 order at avx2 too: no int32 (kQGroupIntFold) or
 // int16-lane (kQGroupLaneFold) super-block folds, so every level's kernels give the same result
 // bits; read when a layer is built. Unset or 1: the folds where the codes allow them.
@@ -43,6 +38,11 @@ bool qgroup_folds_allowed() {
   throw std::invalid_argument(std::string("KT_JIT_QGROUP_FOLDS must be 0 or 1, got '") + e + "'");
 }
 
+// qgroup offset codes (jit/kernel.hpp kQGroupOffset) at avx2, for 4-bit tables that allow them:
+// c0, or -1 for the sign-step kernels. Per (row, vector) and K step they need 3 vector
+// instructions instead of 5 (vpsignb and vpabsb go). avx512 (no VNNI) has the same kernels, checked
+// in the interpreter, but keeps its vpblendmb ones until a CPU measures them; VNNI levels already
+// take the codes unsigned (+ 128).
 int qgroup_offset(IsaLevel isa, const formats::GroupedSpec& g) {
   return isa == IsaLevel::avx2 && !g.int_fold ? formats::qgroup_code_offset(g) : -1;
 }
