@@ -573,8 +573,9 @@ class GemmGenerator : public JitGenerator {
         L(same);
         dec(reg_sg);
       }
-      for (int m = 0; m < mr_; ++m)
-        for (int v = 0; v < nv_; ++v) vpxord_any(qacc(m, v));
+      if (!qgroup_first_writes())
+        for (int m = 0; m < mr_; ++m)
+          for (int v = 0; v < nv_; ++v) vpxord_any(qacc(m, v));
       qgroup_steps(prefetch_next);
       qgroup_group_end(prefetch_next);
       dec(reg_gc);
@@ -680,9 +681,10 @@ class GemmGenerator : public JitGenerator {
       L(group);
       {
         dec(reg_sg);  // the groups after this one: its sub-bias slot
-        for (int m = 0; m < mr_; ++m)
-          for (int v = 0; v < nv_; ++v) vpxor(qacc(m, v), qacc(m, v), qacc(m, v));
-        qgroup_steps(prefetch_next);
+        if (!qgroup_first_writes())
+          for (int m = 0; m < mr_; ++m)
+            for (int v = 0; v < nv_; ++v) vpxor(qacc(m, v), qacc(m, v), qacc(m, v));
+        qgroup_steps(prefetch_next);  // its first step writes the int16 lanes
         for (int v = 0; v < nv_; ++v) {
           sub_scale_pairs(t, qword[reg_w + v * lanes_]);
           for (int m = 0; m < mr_; ++m) {
@@ -869,33 +871,58 @@ class GemmGenerator : public JitGenerator {
   // A group's K steps. g_steps is a multiple of 4 (G a multiple of 16): whole unrolled
   // iterations, nibble pairs (and the int32 folds' step pairs) never split.
   void qgroup_steps(bool prefetch_next) {
-    Label inner;
-    mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
-    if (qgw_ && !qgl_) {  // int16 lanes: kQGroupI16Steps steps, then (group not done) widen
-      static_assert(formats::kQGroupI16Steps == 2 * kUnroll);
-      Label eight, last4, end;
-      L(eight);
-      cmp(reg_k, formats::kQGroupI16Steps);
-      jl(last4, T_NEAR);
-      for (int u = 0; u < formats::kQGroupI16Steps; ++u) microkernel(u, prefetch_next);
-      advance(formats::kQGroupI16Steps, prefetch_next);
-      sub(reg_k, formats::kQGroupI16Steps);
-      jle(end, T_NEAR);
+    Label inner, end;
+    const bool peel = qgroup_first_writes();  // the group's first steps unrolled on their own
+    auto steps = [&](int n, bool first) {
+      first_step_ = first;
+      for (int u = 0; u < n; ++u) microkernel(u, prefetch_next);
+      first_step_ = false;
+      advance(n, prefetch_next);
+    };
+    auto widen = [&] {
       for (int m = 0; m < mr_; ++m)
         for (int v = 0; v < nv_; ++v)
           widen_int16_sums(qacc(m, v), qones(), rsp + qw_part_slot(m, v), qend_tmp(0));
+    };
+    mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
+    if (qgw_ && !qgl_) {  // int16 lanes: kQGroupI16Steps steps, then (group not done) widen
+      static_assert(formats::kQGroupI16Steps == 2 * kUnroll);
+      Label eight, last4, first4;
+      if (peel) {
+        cmp(reg_k, formats::kQGroupI16Steps);
+        jl(first4, T_NEAR);
+        steps(formats::kQGroupI16Steps, true);
+        sub(reg_k, formats::kQGroupI16Steps);
+        jle(end, T_NEAR);
+        widen();
+        jmp(eight, T_NEAR);
+        L(first4);  // a group of 4 steps
+        steps(kUnroll, true);
+        jmp(end, T_NEAR);
+      }
+      L(eight);
+      cmp(reg_k, formats::kQGroupI16Steps);
+      jl(last4, T_NEAR);
+      steps(formats::kQGroupI16Steps, false);
+      sub(reg_k, formats::kQGroupI16Steps);
+      jle(end, T_NEAR);
+      widen();
       jmp(eight, T_NEAR);
       L(last4);  // g_steps is a multiple of 4: a group's last 4 steps
-      for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
-      advance(kUnroll, prefetch_next);
+      steps(kUnroll, false);
       L(end);
       return;
     }
+    if (peel) {
+      steps(kUnroll, true);
+      sub(reg_k, kUnroll);
+      jle(end, T_NEAR);
+    }
     L(inner);
-    for (int u = 0; u < kUnroll; ++u) microkernel(u, prefetch_next);
-    advance(kUnroll, prefetch_next);
+    steps(kUnroll, false);
     sub(reg_k, kUnroll);
     jg(inner, T_NEAR);
+    L(end);
   }
   // At a group's end: the next strip's scale lines, one per group and block.
   void qgroup_prefetch_scales(bool prefetch_next) {
@@ -944,12 +971,31 @@ class GemmGenerator : public JitGenerator {
     vpmaddwd(t, t, qones());
     vpaddd(acc, acc, t);
   }
+  // vpmaddubsw(src1 unsigned, src2 signed) into the group accumulator through `t`. The group's
+  // first step (`first`, see qgroup_steps) writes the accumulator instead: the int16 pair sums
+  // themselves, or (int32) their vpmaddwd with ones, so no group starts by zeroing it.
+  void qgroup_madd(const Xmm& acc, const Xmm& t, const Xmm& src1, const Operand& src2, bool first) {
+    if (first && qgw_) {
+      vpmaddubsw(acc, src1, src2);
+      return;
+    }
+    vpmaddubsw(t, src1, src2);
+    if (first)
+      vpmaddwd(acc, t, qones());
+    else
+      qgroup_add_pairs(acc, t);
+  }
+  // Whether a group's first K step writes its accumulators (qgroup_madd) rather than adding to
+  // zeroed ones: every qgroup kernel but the VNNI ones (vpdpbusd only accumulates) and the int32
+  // folds (whose sums run over a super block).
+  bool qgroup_first_writes() const { return !vnni_ && !qgf_; }
 
   void microkernel_qgroup(int u) {
     if (qgf_) {
       microkernel_qgroup_fold(u);
       return;
     }
+    const bool first = first_step_ && u == 0;
     if (qgs2_) {  // avx2, 2 rows: each code vector decoded once for both rows (ymm 8, 15: the rows'
       // broadcasts; 12: codes; 13: |codes|; 14: products; 9 ones, 10 table, 11 mask)
       const Xmm b[2] = {vreg(8), vreg(15)};
@@ -960,12 +1006,11 @@ class GemmGenerator : public JitGenerator {
         if (!qgo_) vpabsb(wa, w);
         for (int m = 0; m < mr_; ++m) {
           if (qgo_) {  // offset codes: (code + c0) unsigned x signed a
-            vpmaddubsw(t, w, b[m]);
+            qgroup_madd(qacc(m, v), t, w, b[m], first);
           } else {  // |code| x a * sign(code)
             vpsignb(t, b[m], w);
-            vpmaddubsw(t, wa, t);
+            qgroup_madd(qacc(m, v), t, wa, t, first);
           }
-          qgroup_add_pairs(qacc(m, v), t);
         }
       }
       return;
@@ -979,8 +1024,8 @@ class GemmGenerator : public JitGenerator {
         for (int v = 0; v < nv_; ++v) {
           const Xmm w = qw(v), t = pre ? qtmp(v) : w;
           if (!pre) qgroup_codes(w, v, u);
-          vpmaddubsw(t, w, qbcast());  // pair sums <= 2 * 129 * 127 < 2^15: exact
-          qgroup_add_pairs(qacc(m, v), t);
+          // pair sums <= 2 * 129 * 127 < 2^15: exact
+          qgroup_madd(qacc(m, v), t, w, qbcast(), first);
         }
       }
       return;
@@ -1005,9 +1050,7 @@ class GemmGenerator : public JitGenerator {
         for (int v = 0; v < nv_; ++v) {
           const Xmm t = qtmp(v);
           vpblendmb(t | Opmask(1 + v), qbcast(), qneg());
-          vpmaddubsw(t, qw(v), t);
-          vpmaddwd(t, t, qones());
-          vpaddd(qacc(m, v), qacc(m, v), t);
+          qgroup_madd(qacc(m, v), t, qw(v), t, first);
         }
       }
       return;
@@ -1019,9 +1062,7 @@ class GemmGenerator : public JitGenerator {
         qgroup_codes(w, v, u);
         vpsignb(sa, qbcast(), w);
         vpabsb(w, w);
-        vpmaddubsw(w, w, sa);
-        vpmaddwd(w, w, qones());
-        vpaddd(qacc(m, v), qacc(m, v), w);
+        qgroup_madd(qacc(m, v), w, w, sa, first);
       }
     }
   }
@@ -1104,13 +1145,17 @@ class GemmGenerator : public JitGenerator {
     jl(tail, T_NEAR);
     L(loop);
     {
+      first_step_ = true;  // the lanes' first step writes them (the flush leaves them as they are)
       for (int u = 0; u < kInt4SumSteps; ++u) microkernel(u, prefetch_next);
+      first_step_ = false;
       advance(kInt4SumSteps, prefetch_next);
       int4w_flush();
       sub(reg_k, kInt4SumSteps);
       cmp(reg_k, kInt4SumSteps);
       jge(loop, T_NEAR);
     }
+    for (int m = 0; m < mr_; ++m)  // the flushed lanes were left as they were: zero for the tail
+      for (int v = 0; v < nv_; ++v) vpxord_any(acc(m, v));
     L(tail);
     test(reg_k, reg_k);
     jle(done, T_NEAR);
@@ -1124,18 +1169,20 @@ class GemmGenerator : public JitGenerator {
     int4w_flush();
     L(done);
   }
-  void int4w_flush() {
+  void int4w_flush() {  // the lanes are left as they are: the next block's first step writes them
     for (int m = 0; m < mr_; ++m)  // ones16() is free: these kernels take the ones from memory
       for (int v = 0; v < nv_; ++v)
-        widen_int16_sums(acc(m, v), cpool(c_ones16_), rsp + acc_slot(m, v), ones16());
+        widen_int16_sums(acc(m, v), cpool(c_ones16_), rsp + acc_slot(m, v), ones16(), false);
   }
-  // The int32 sum at `slot` += vpmaddwd(int16 sums, ones) (through `t`); the int16 sums start
-  // again at zero. int4 K loops and long qgroup groups (kQGroupI16) widen their lanes with it.
-  void widen_int16_sums(const Xmm& sums, const Operand& ones, const RegExp& slot, const Xmm& t) {
+  // The int32 sum at `slot` += vpmaddwd(int16 sums, ones) (through `t`); with `zero`, the int16
+  // sums start again at zero. int4 K loops and long qgroup groups (kQGroupI16) widen their lanes
+  // with it.
+  void widen_int16_sums(const Xmm& sums, const Operand& ones, const RegExp& slot, const Xmm& t,
+                        bool zero = true) {
     vpmaddwd(t, sums, ones);
     vpaddd(t, t, vmem(slot));
     vmovups(vmem(slot), t);
-    vpxord_any(sums);
+    if (zero) vpxord_any(sums);
   }
   // One K step: each vector's nibbles (low nibble: even step, high: odd) become signed bytes
   // through the table in aux() and meet every row's a + 128, broadcast into its own register
@@ -1157,6 +1204,10 @@ class GemmGenerator : public JitGenerator {
       vpshufb(w, aux(), w);
       for (int m = 0; m < mr_; ++m) {
         if (!held) vpbroadcastd(row(m), dword[a_row(m) + 4 * u]);
+        if (first_step_ && u == 0) {
+          vpmaddubsw(acc(m, v), row(m), w);
+          continue;
+        }
         vpmaddubsw(t, row(m), w);
         vpaddw(acc(m, v), acc(m, v), t);
       }
@@ -2080,6 +2131,9 @@ class GemmGenerator : public JitGenerator {
   const bool qgw_;   // int16 group sums (kQGroupI16)
   const bool qgi_;   // nibbles are the codes (kQGroupIdentity)
   const bool qgf_;   // int32 super-block folds (kQGroupIntFold)
+  // emitting the first step of a group (qgroup_steps) or of an int4 lane block (k_loop_int4w):
+  // it writes the accumulators instead of adding to them
+  bool first_step_ = false;
   const bool qgl_;   // int16-lane super-block folds (kQGroupLaneFold)
   const int qc0_;    // offset codes: c0
   const bool gsum_, nib_;
