@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "jit/bench_loops.hpp"
 #include "jit/cpu/cpu.hpp"
 #include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
@@ -506,6 +507,28 @@ PYBIND11_MODULE(_core, m) {
         return d;
       },
       "Measures the machine's read bandwidth and instruction peaks (takes a few seconds).");
+  m.def(
+      "measure_peak_threads",
+      [](const std::string& limit_key, int threads) {
+        static const std::pair<const char*, PeakOp> ops[] = {
+            {"peak_vnni_gops", PeakOp::vpdpbusd},         {"peak_maddubsw_gops", PeakOp::maddubsw},
+            {"peak_maddubsw_w_gops", PeakOp::maddubsw_w}, {"peak_fma_gflops", PeakOp::fma_f32},
+            {"peak_bf16_gflops", PeakOp::dpbf16},         {"peak_amx_int8_gops", PeakOp::tdpbusd},
+            {"peak_amx_bf16_gflops", PeakOp::tdpbf16ps},  {"peak_sdot_gops", PeakOp::sdot},
+            {"peak_smull_gops", PeakOp::smull_sadalp},    {"peak_bfdot_gflops", PeakOp::bfdot},
+        };
+        for (const auto& [name, op] : ops)
+          if (limit_key == name) {
+            py::gil_scoped_release release;
+            return measure_peak_gops_threads(selected_isa(), uint8_t(op), threads);
+          }
+        throw std::invalid_argument("measure_peak_threads: unknown peak '" + limit_key +
+                                    "' (a machine_limits() peak key)");
+      },
+      py::arg("limit_key"), py::arg("threads"),
+      "The aggregate Gop/s of machine_limits()' peak `limit_key` with `threads` threads running "
+      "its loop at once, each pinned to its own CPU (whether that doubles one core's peak "
+      "depends on the CPUs).");
 
   py::class_<ReadProbe>(m, "ReadProbe",
                         "A streaming-read buffer (mapped and first-touched once); pass_gbs() "

@@ -202,21 +202,25 @@ double measure_read_bandwidth_gbs_threads(int threads, size_t bytes, int reps) {
   return median(gbs);
 }
 
-double measure_peak_gops(IsaLevel isa, uint8_t op, int reps) {
-  if (reps < 1) throw std::invalid_argument("measure_peak_gops: reps < 1");
+namespace {
+// The peak loop for `op` at `isa` and its ops per iteration; throws as measure_peak_gops does.
+// Null when executable memory is refused.
+PeakFn peak_loop(IsaLevel isa, uint8_t op, const char* who, double* ops_per_iter) {
   KernelKey key;
   key.kind = KernelKind::peak_loop;
   key.isa = isa;
   key.format = WeightFormat::none;
   key.variant = op;
-  const double ops_per_iter = peak_ops_per_iteration(key);  // throws for invalid combos
+  *ops_per_iter = peak_ops_per_iteration(key);  // throws for invalid combos
   if (!level_usable(isa, cpu_features()))
-    throw std::invalid_argument(std::string("measure_peak_gops: this CPU cannot run isa ") +
-                                isa_name(isa));
+    throw std::invalid_argument(std::string(who) + ": this CPU cannot run isa " + isa_name(isa));
   const Kernel* k = KernelCache::instance().get(key);
-  if (!k) return 0;
-  const PeakFn fn = reinterpret_cast<PeakFn>(const_cast<void*>(k->entry()));
+  return k ? reinterpret_cast<PeakFn>(const_cast<void*>(k->entry())) : nullptr;
+}
 
+// Iterations of `fn` that take about 30 ms on the calling thread (after a full-length warm-up
+// for the clock ramp).
+int64_t peak_iterations(PeakFn fn) {
   // Calibrate: grow until a run takes >= 2 ms, then size each rep to ~30 ms.
   int64_t iters = 1000;
   double t = 0;
@@ -229,12 +233,58 @@ double measure_peak_gops(IsaLevel isa, uint8_t op, int reps) {
   }
   iters = std::max<int64_t>(1, int64_t(double(iters) * 30e-3 / std::max(t, 1e-9)));
   fn(iters);  // warm-up at full length (clock ramp)
+  return iters;
+}
+}  // namespace
+
+double measure_peak_gops(IsaLevel isa, uint8_t op, int reps) {
+  if (reps < 1) throw std::invalid_argument("measure_peak_gops: reps < 1");
+  double ops_per_iter = 0;
+  const PeakFn fn = peak_loop(isa, op, "measure_peak_gops", &ops_per_iter);
+  if (!fn) return 0;
+  const int64_t iters = peak_iterations(fn);
   std::vector<double> gops;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
     fn(iters);
     const auto t1 = Clock::now();
     gops.push_back(ops_per_iter * double(iters) / seconds(t0, t1) / 1e9);
+  }
+  return median(gops);
+}
+
+double measure_peak_gops_threads(IsaLevel isa, uint8_t op, int threads, int reps) {
+  if (threads < 1 || reps < 1) throw std::invalid_argument("measure_peak_gops_threads");
+  double ops_per_iter = 0;
+  const PeakFn fn = peak_loop(isa, op, "measure_peak_gops_threads", &ops_per_iter);
+  if (!fn) return 0;
+  const int64_t iters = peak_iterations(fn);  // sized on the caller; every thread runs as many
+  const std::vector<int> cpus = allowed_cpus();
+  SpinBarrier barrier(threads);
+  const int passes = reps + 1;  // pass 0 is a warm-up
+  std::vector<Clock::time_point> start(size_t(threads) * passes), end(size_t(threads) * passes);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      pin_this_thread(cpus[size_t(t) % cpus.size()]);
+      for (int r = 0; r < passes; ++r) {
+        barrier.wait();
+        start[size_t(r) * threads + t] = Clock::now();
+        fn(iters);
+        end[size_t(r) * threads + t] = Clock::now();
+        barrier.wait();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  std::vector<double> gops;
+  for (int r = 1; r < passes; ++r) {
+    auto first = start[size_t(r) * threads], last = end[size_t(r) * threads];
+    for (int t = 1; t < threads; ++t) {
+      first = std::min(first, start[size_t(r) * threads + t]);
+      last = std::max(last, end[size_t(r) * threads + t]);
+    }
+    gops.push_back(ops_per_iter * double(iters) * threads / seconds(first, last) / 1e9);
   }
   return median(gops);
 }

@@ -45,6 +45,13 @@ double measure_read_bandwidth_gbs_threads(int threads, size_t bytes = size_t(1) 
 // the op or this CPU cannot run `isa`; returns 0 when executable memory is refused.
 double measure_peak_gops(IsaLevel isa, uint8_t op, int reps = 7);
 
+// The same loop on `threads` std::threads at once, thread i pinned to the i-th CPU of the
+// process's affinity mask (as measure_read_bandwidth_gbs_threads), every thread running the
+// iterations the caller calibrated: median over `reps` passes of the aggregate Gop/s (all
+// threads' ops / (last end - first start)). Whether two threads double one core's peak depends
+// on the CPUs they land on (SMT siblings share the vector units; a VM's vCPUs may share a core).
+double measure_peak_gops_threads(IsaLevel isa, uint8_t op, int threads, int reps = 5);
+
 struct MachineLimits {
   double read_gbs_1t = 0, read_gbs_2t = 0;
   double peak_vnni_gops = 0;        // vpdpbusd

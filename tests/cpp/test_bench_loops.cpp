@@ -102,6 +102,13 @@ TEST(BenchLoops, PeakLoopsRun) {
   // Calling the peak measurement for an op the ISA lacks throws.
   EXPECT_THROW(measure_peak_gops(IsaLevel::avx2, uint8_t(PeakOp::vpdpbusd), 1),
                std::invalid_argument);
+  // The loop on several threads at once: the same refusals, and a positive aggregate rate.
+  EXPECT_THROW(measure_peak_gops_threads(IsaLevel::avx2, uint8_t(PeakOp::vpdpbusd), 2, 1),
+               std::invalid_argument);
+  EXPECT_THROW(measure_peak_gops_threads(IsaLevel::avx2, uint8_t(PeakOp::fma_f32), 0, 1),
+               std::invalid_argument);
+  if (level_usable(IsaLevel::avx2, f))
+    EXPECT_GT(measure_peak_gops_threads(IsaLevel::avx2, uint8_t(PeakOp::fma_f32), 2, 1), 0.0);
 }
 
 }  // namespace

@@ -63,3 +63,38 @@ def test_limits_lines_name_the_measured_architecture():
     x86 = bench._limits_lines(X86, 20.0, 900.0, "vpdpbusd", 1)
     assert "vpdpbusd 900" in x86 and "tdpbusd 8" in x86
     assert "sdot" not in x86
+
+
+class _FakeCore:
+    """Stands in for _core: a canned all-threads peak, and the calls it got."""
+
+    def __init__(self, value):
+        self.value, self.calls = value, []
+
+    def measure_peak_threads(self, key, threads):
+        self.calls.append((key, threads))
+        return self.value
+
+
+def test_threads_peak_is_measured_on_all_threads_not_scaled():
+    lim = dict(X86)
+    one = bench._threads_peak(_FakeCore(123.0), lim, "peak_maddubsw_gops", 1)
+    assert one == 400.0  # one thread: the core's own peak, nothing measured
+    core = _FakeCore(410.0)  # two threads that share one core's vector units
+    two = bench._threads_peak(core, lim, "peak_maddubsw_gops", 2)
+    assert two == 410.0 and core.calls == [("peak_maddubsw_gops", 2)]
+    assert lim["peak_maddubsw_gops_2t"] == 410.0  # kept with the limits (the JSON's "limits")
+    # asked again for the same peak (the int16-lane roof re-picks it): not measured twice
+    assert bench._threads_peak(core, lim, "peak_maddubsw_gops", 2) == 410.0
+    assert len(core.calls) == 1
+    # an op this machine lacks stays 0 without a measurement
+    assert bench._threads_peak(core, dict(X86, peak_vnni_gops=0.0), "peak_vnni_gops", 2) == 0.0
+
+
+def test_measure_peak_threads_binding():
+    _core = pytest.importorskip("kt_jit._core")
+    if _core.isa() not in ("avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"):
+        pytest.skip("an x86-64 vector ISA runs the fma loop")
+    assert _core.measure_peak_threads("peak_fma_gflops", 2) > 0
+    with pytest.raises(ValueError, match="unknown peak"):
+        _core.measure_peak_threads("peak_nope", 2)
