@@ -67,7 +67,10 @@ def main(argv=None) -> int:
         E, K, H, I = shp["experts"], shp["top_k"], shp["hidden"], shp["intermediate"]
     else:
         raise SystemExit(f"--shape must be one of {sorted(bench.SHAPES)}")
-    _core.init_pool(1, args.threads)
+    if args.threads < 1:
+        raise SystemExit("--threads must be at least 1")
+    _core.init_pool(args.threads, 1)
+    threads = int(_core.pool_info()["threads"])
     gen = torch.Generator().manual_seed(0)
     src = bench._random_sources(torch, args.method, E, H, I, gen, args.gguf_type)
     if src is None:  # float weights, quantized by the layer as kt-jit bench does
@@ -122,7 +125,7 @@ def main(argv=None) -> int:
     q = statistics.quantiles(ratio, n=4) if len(ratio) > 1 else [ratio[0]] * 3
     print(
         f"{args.method} {args.gguf_type if args.method == 'LLAMAFILE' else ''} {args.shape} "
-        f"T={T}, {args.threads} thread(s), built {args.order}: A {statistics.median(ta) * 1e3:.1f} "
+        f"T={T}, {threads} thread(s), built {args.order}: A {statistics.median(ta) * 1e3:.1f} "
         f"ms, B {statistics.median(tb) * 1e3:.1f} ms (medians); per-pair B/A median "
         f"{statistics.median(ratio):.3f} (quartiles {q[0]:.3f}, {q[2]:.3f}), {args.pairs} pairs"
     )
