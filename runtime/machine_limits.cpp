@@ -163,6 +163,45 @@ double measure_read_bandwidth_gbs(size_t bytes, int reps) {
   return median(gbs);
 }
 
+namespace {
+// Runs work(t) on `threads` std::threads, thread t pinned to the t-th CPU of the process's
+// affinity mask, for reps + 1 passes between barriers (pass 0 a warm-up); setup(t) runs once on
+// thread t first (first touch). Per timed pass, the seconds from the first thread's start to the
+// last one's end.
+template <class Setup, class Work>
+std::vector<double> pinned_pass_seconds(int threads, int reps, Setup setup, Work work) {
+  const std::vector<int> cpus = allowed_cpus();
+  SpinBarrier barrier(threads);
+  const int passes = reps + 1;
+  std::vector<Clock::time_point> start(size_t(threads) * passes), end(size_t(threads) * passes);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      pin_this_thread(cpus[size_t(t) % cpus.size()]);
+      setup(t);
+      for (int r = 0; r < passes; ++r) {
+        barrier.wait();
+        start[size_t(r) * threads + t] = Clock::now();
+        work(t);
+        end[size_t(r) * threads + t] = Clock::now();
+        barrier.wait();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  std::vector<double> secs;
+  for (int r = 1; r < passes; ++r) {
+    auto first = start[size_t(r) * threads], last = end[size_t(r) * threads];
+    for (int t = 1; t < threads; ++t) {
+      first = std::min(first, start[size_t(r) * threads + t]);
+      last = std::max(last, end[size_t(r) * threads + t]);
+    }
+    secs.push_back(seconds(first, last));
+  }
+  return secs;
+}
+}  // namespace
+
 double measure_read_bandwidth_gbs_threads(int threads, size_t bytes, int reps) {
   if (threads < 1 || reps < 1) throw std::invalid_argument("measure_read_bandwidth_gbs_threads");
   const size_t part = round_kib(bytes / size_t(threads));
@@ -170,35 +209,12 @@ double measure_read_bandwidth_gbs_threads(int threads, size_t bytes, int reps) {
     throw std::invalid_argument("measure_read_bandwidth_gbs_threads: buffer too small");
   HugeBuffer buf(part * size_t(threads));
   const ReadFn fn = read_stream_fn();
-  const std::vector<int> cpus = allowed_cpus();
-  SpinBarrier barrier(threads);
-  const int passes = reps + 1;  // pass 0 is a warm-up
-  std::vector<Clock::time_point> start(size_t(threads) * passes), end(size_t(threads) * passes);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      pin_this_thread(cpus[size_t(t) % cpus.size()]);
-      uint8_t* mine = buf.data() + size_t(t) * part;
-      std::memset(mine, 1, part);  // first touch by the reading thread
-      for (int r = 0; r < passes; ++r) {
-        barrier.wait();
-        start[size_t(r) * threads + t] = Clock::now();
-        fn(mine, int64_t(part));
-        end[size_t(r) * threads + t] = Clock::now();
-        barrier.wait();
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
+  auto mine = [&](int t) { return buf.data() + size_t(t) * part; };
   std::vector<double> gbs;
-  for (int r = 1; r < passes; ++r) {
-    auto first = start[size_t(r) * threads], last = end[size_t(r) * threads];
-    for (int t = 1; t < threads; ++t) {
-      first = std::min(first, start[size_t(r) * threads + t]);
-      last = std::max(last, end[size_t(r) * threads + t]);
-    }
-    gbs.push_back(double(part) * threads / seconds(first, last) / 1e9);
-  }
+  for (double sec : pinned_pass_seconds(
+           threads, reps, [&](int t) { std::memset(mine(t), 1, part); },  // first touch
+           [&](int t) { fn(mine(t), int64_t(part)); }))
+    gbs.push_back(double(part) * threads / sec / 1e9);
   return median(gbs);
 }
 
@@ -259,33 +275,9 @@ double measure_peak_gops_threads(IsaLevel isa, uint8_t op, int threads, int reps
   const PeakFn fn = peak_loop(isa, op, "measure_peak_gops_threads", &ops_per_iter);
   if (!fn) return 0;
   const int64_t iters = peak_iterations(fn);  // sized on the caller; every thread runs as many
-  const std::vector<int> cpus = allowed_cpus();
-  SpinBarrier barrier(threads);
-  const int passes = reps + 1;  // pass 0 is a warm-up
-  std::vector<Clock::time_point> start(size_t(threads) * passes), end(size_t(threads) * passes);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      pin_this_thread(cpus[size_t(t) % cpus.size()]);
-      for (int r = 0; r < passes; ++r) {
-        barrier.wait();
-        start[size_t(r) * threads + t] = Clock::now();
-        fn(iters);
-        end[size_t(r) * threads + t] = Clock::now();
-        barrier.wait();
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
   std::vector<double> gops;
-  for (int r = 1; r < passes; ++r) {
-    auto first = start[size_t(r) * threads], last = end[size_t(r) * threads];
-    for (int t = 1; t < threads; ++t) {
-      first = std::min(first, start[size_t(r) * threads + t]);
-      last = std::max(last, end[size_t(r) * threads + t]);
-    }
-    gops.push_back(ops_per_iter * double(iters) * threads / seconds(first, last) / 1e9);
-  }
+  for (double sec : pinned_pass_seconds(threads, reps, [](int) {}, [&](int) { fn(iters); }))
+    gops.push_back(ops_per_iter * double(iters) * threads / sec / 1e9);
   return median(gops);
 }
 

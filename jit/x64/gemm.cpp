@@ -887,29 +887,24 @@ class GemmGenerator : public JitGenerator {
     mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
     if (qgw_ && !qgl_) {  // int16 lanes: kQGroupI16Steps steps, then (group not done) widen
       static_assert(formats::kQGroupI16Steps == 2 * kUnroll);
-      Label eight, last4, first4;
-      if (peel) {
+      Label eight;
+      // kQGroupI16Steps steps (then, the group not done, widen and go on at `eight`) or a last 4
+      auto block = [&](bool first) {
+        Label four;
         cmp(reg_k, formats::kQGroupI16Steps);
-        jl(first4, T_NEAR);
-        steps(formats::kQGroupI16Steps, true);
+        jl(four, T_NEAR);
+        steps(formats::kQGroupI16Steps, first);
         sub(reg_k, formats::kQGroupI16Steps);
         jle(end, T_NEAR);
         widen();
         jmp(eight, T_NEAR);
-        L(first4);  // a group of 4 steps
-        steps(kUnroll, true);
-        jmp(end, T_NEAR);
-      }
+        L(four);  // g_steps is a multiple of 4: a group's last (or only) 4 steps
+        steps(kUnroll, first);
+        if (first) jmp(end, T_NEAR);
+      };
+      if (peel) block(true);  // the group's first block writes the lanes
       L(eight);
-      cmp(reg_k, formats::kQGroupI16Steps);
-      jl(last4, T_NEAR);
-      steps(formats::kQGroupI16Steps, false);
-      sub(reg_k, formats::kQGroupI16Steps);
-      jle(end, T_NEAR);
-      widen();
-      jmp(eight, T_NEAR);
-      L(last4);  // g_steps is a multiple of 4: a group's last 4 steps
-      steps(kUnroll, false);
+      block(false);
       L(end);
       return;
     }
