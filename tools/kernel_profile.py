@@ -26,6 +26,7 @@ samples outnumber the kernels'.
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import os
 import re
@@ -63,8 +64,6 @@ def parse_ips(text: str) -> List[int]:
 
 def attribute(ips: List[int], kernels: List[Kernel]):
     """(samples per kernel name, {name: Counter of offsets}, samples outside every kernel)."""
-    import bisect
-
     starts = [k[0] for k in kernels]
     per_kernel: Dict[str, int] = collections.Counter()
     offsets: Dict[str, collections.Counter] = collections.defaultdict(collections.Counter)

@@ -2126,13 +2126,13 @@ class GemmGenerator : public JitGenerator {
   const bool qgw_;   // int16 group sums (kQGroupI16)
   const bool qgi_;   // nibbles are the codes (kQGroupIdentity)
   const bool qgf_;   // int32 super-block folds (kQGroupIntFold)
-  // emitting the first step of a group (qgroup_steps) or of an int4 lane block (k_loop_int4w):
-  // it writes the accumulators instead of adding to them
-  bool first_step_ = false;
   const bool qgl_;   // int16-lane super-block folds (kQGroupLaneFold)
   const int qc0_;    // offset codes: c0
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;
+  // emitting the first step of a group (qgroup_steps) or of an int4 lane block (k_loop_int4w):
+  // it writes the accumulators instead of adding to them
+  bool first_step_ = false;
   const bool fp8dw_;  // avx2 one-row fp8 decode in the fp32 domain (jit/gemm.hpp fp8_dword_decode)
   // its constants, loaded at each group start: one row, ymm 13 and 7 (free beside acc 0-3, group
   // sums 8-11, broadcast 12); two rows, ymm 8 and 9 (group sums 0-7, the fp32 accumulators on
