@@ -128,8 +128,11 @@ void unpack_rows(const StripLayout& l, const void* packed, int src, int64_t r0, 
 }
 
 void pack_int8_strips(const StripLayout& l, const int8_t* const* q, const float* const* d,
-                      int8_t* out, float* scale, int32_t* comp) {
-  std::memset(out, 0, size_t(l.total_bytes()));
+                      int8_t* out, float* scale, int32_t* comp, bool offset_nibbles) {
+  if (offset_nibbles && l.bits != 4)
+    throw std::invalid_argument("pack_int8_strips: offset nibbles need a 4-bit layout");
+  const uint8_t nib_xor = offset_nibbles ? 0x08 : 0x00;  // q4 + 8 = the nibble XOR 8
+  std::memset(out, nib_xor * 0x11, size_t(l.total_bytes()));
   int64_t c = 0;
   for (int64_t s = 0; s <= l.full_strips; ++s) {
     const int vecs = s < l.full_strips ? l.strip_vecs : l.tail_vecs;
@@ -155,8 +158,9 @@ void pack_int8_strips(const StripLayout& l, const int8_t* const* q, const float*
               throw std::invalid_argument(
                   "int4 weights: expected values 16 * q4 (multiples of 16), got " +
                   std::to_string(int(qr[kk])));
-            const uint8_t nib = uint8_t(qr[kk] >> 4) & 0x0f;
-            base[byte] = int8_t(uint8_t(base[byte]) | (step % 2 ? nib << 4 : nib));
+            const uint8_t nib = (uint8_t(qr[kk] >> 4) & 0x0f) ^ nib_xor;
+            const uint8_t keep = step % 2 ? 0x0f : 0xf0;  // the other step's nibble
+            base[byte] = int8_t((uint8_t(base[byte]) & keep) | (step % 2 ? nib << 4 : nib));
           }
           sum += qr[kk];
         }

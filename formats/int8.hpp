@@ -83,8 +83,11 @@ struct StripLayout {
 // Packs quantized rows (`q[src]` is n x k int8 row-major — for 4 bits the values 16 * q4 —
 // `d[src]` n scales) into `out`
 // (layout.total_bytes()), `scale` and `comp` (layout.total_cols() each). Padding is zero.
+// 4-bit strips hold each q4 as its two's-complement nibble, or with `offset_nibbles` as the
+// unsigned code q4 + 8 (the nibble XOR 8; padding is then code 8), which the avx2 / avx512 int4
+// kernels multiply (jit/gemm.hpp int4_offset_nibbles).
 void pack_int8_strips(const StripLayout& layout, const int8_t* const* q, const float* const* d,
-                      int8_t* out, float* scale, int32_t* comp);
+                      int8_t* out, float* scale, int32_t* comp, bool offset_nibbles);
 
 // The logical (source, row) held by packed column `c`, or row -1 for padding.
 void packed_column_source(const StripLayout& layout, int64_t c, int* source, int64_t* row);

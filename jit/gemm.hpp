@@ -79,7 +79,8 @@ struct GemmArgs {
   // qgroup only. Strips hold, per group, the group's codes (g_steps K steps) then the strip's
   // fp32 scales (one per packed column) and, with a bias, the fp32 biases: one sequential stream.
   const int8_t* lut;      // nibble variants: 16 codes (VNNI levels: code XOR 0x80), lanes' table
-  const int32_t* a_gsum;  // s_g of row m at a_gsum[g * a_gsum_ld/4 + m] (VNNI or bias variants)
+  const int32_t* a_gsum;  // s_g of row m at a_gsum[g * a_gsum_ld/4 + m] (VNNI or bias variants);
+                          // avx2 / avx512 int4 (int4_int16_sums): Σ_k a of row m at a_gsum[m]
   int64_t a_gsum_ld;      // bytes between groups of a_gsum
   // mxfp4 / mxfp8 siluup kernels with kSwigluClamp / kSwigluAlpha: L and alpha (SPEC §4).
   float swiglu_limit;
@@ -128,23 +129,29 @@ inline bool int8_activation_offset(IsaLevel isa) {
   return int(isa) >= int(IsaLevel::avx512_vnni) && !isa_is_neon(isa);
 }
 
-// int4 kernels below the VNNI levels (avx2, avx512) multiply a + 128 (vpmaddubsw's unsigned
-// operand) by the signed nibble and add 8 K steps of pair sums in int16 lanes before widening
-// them to int32: |sum| <= 8 * 2 * 255 * 8 = 32640, never saturating. Unlike the |a| * (w *
-// sign(a)) route of the int8 kernels there is no sign step, one vpmaddwd per 8 steps instead of
-// one per step, and the nibble -8 is exact (16 * -8 = -128 has no negation in int8). The epilogue
-// turns the sums into those of 16 * q4 and takes w_comp (128 * sum of 16 * q4) off, so the int32
-// result is every level's.
+// int4 kernels below the VNNI levels (avx2, avx512) take the nibbles as unsigned codes q4 + 8
+// (pack_int8_strips with offset_nibbles: the two's-complement nibble XOR 8), multiply them as
+// vpmaddubsw's unsigned operand by the signed activation bytes and add 8 K steps of pair sums in
+// int16 lanes before widening them to int32: |sum| <= 8 * 2 * 15 * 127 = 30480, never
+// saturating. Unlike the |a| * (w * sign(a)) route of the int8 kernels there is no sign step and
+// one vpmaddwd per 8 steps instead of one per step; unlike a signed nibble, the code needs no
+// table to become a byte (a mask, and a shift for the high nibble). The epilogue takes
+// 8 * Σ_k a (GemmArgs::a_gsum[m], the row's sum over K) off and shifts the result left by 4:
+// Σ a * 16 * q4, the int32 of every other level.
 inline bool int4_int16_sums(IsaLevel isa, WeightFormat fmt) {
   return (isa == IsaLevel::avx2 || isa == IsaLevel::avx512) && fmt == WeightFormat::int4;
 }
 constexpr int kInt4SumSteps = 8;  // K steps summed in int16 lanes (4 k each)
+// Whether `fmt`'s strips at `isa` hold 4-bit codes q4 + 8 instead of two's-complement nibbles.
+inline bool int4_offset_nibbles(IsaLevel isa, WeightFormat fmt) {
+  return int4_int16_sums(isa, fmt);
+}
 
-// Whether activations reach `fmt`'s kernels at `isa` as a + 128: qgroup kernels take signed
-// bytes on every level (the codes are their unsigned operand, see above); avx2 / avx512 int4
-// kernels take a + 128 (int4_int16_sums).
+// Whether activations reach `fmt`'s kernels at `isa` as a + 128: the int8 and int4 kernels of
+// the VNNI levels (not the qgroup kernels, whose codes are their unsigned operand, see above;
+// nor avx2 / avx512 int4, whose offset nibbles are).
 inline bool gemm_activation_offset(IsaLevel isa, WeightFormat fmt) {
-  return (fmt != WeightFormat::qgroup && int8_activation_offset(isa)) || int4_int16_sums(isa, fmt);
+  return fmt != WeightFormat::qgroup && int8_activation_offset(isa);
 }
 // mxfp4 / mxfp8 / fp8 decode kernels of <= 2 rows on AVX-512 and of 1 row on AVX2 (whose 16
 // registers hold one row's group accumulators beside its accumulators; 2 rows for mxfp4 and the

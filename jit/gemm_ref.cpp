@@ -148,12 +148,16 @@ float swiglu_ref(float g, float u, uint8_t v, float limit, float alpha) {
 }
 
 namespace {
-// Weight (k4 step, column n, byte j) of a packed strip with `cols` columns, as the kernel sees it.
-int32_t packed_weight(const int8_t* strip, int64_t step, int cols, int n, int j, bool int4) {
+// Weight (k4 step, column n, byte j) of a packed strip with `cols` columns, as the kernel sees it:
+// int8, or for int4 16 * q4 (nibbles: q4 in two's complement, or the code q4 + 8 with
+// `offset_nibbles`).
+int32_t packed_weight(const int8_t* strip, int64_t step, int cols, int n, int j, bool int4,
+                      bool offset_nibbles) {
   const int64_t in_step = int64_t(n) * 4 + j;
   if (!int4) return strip[step * cols * 4 + in_step];
   const uint8_t b = uint8_t(strip[(step / 2) * cols * 4 + in_step]);
   const uint8_t nib = step % 2 ? b >> 4 : b & 0x0f;
+  if (offset_nibbles) return 16 * (int32_t(nib) - 8);
   return int32_t(int8_t(uint8_t(nib << 4)));  // 16 * (signed nibble)
 }
 
@@ -530,6 +534,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
   const int rows = key.m_r;
   const int32_t offset = gemm_activation_offset(key.isa, key.format) ? 128 : 0;
+  const bool nib_offset = int4_offset_nibbles(key.isa, key.format);
   // Group sums folded once per K group: x86's group-accumulating decode tiles and strip-scratch
   // tiles, and every fp8 kernel on NEON (the fp16 route, jit/aarch64/gemm_a64.cpp).
   const bool gacc =
@@ -629,7 +634,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           for (int64_t k4 = 0; k4 < args.k4; ++k4)
             for (int j = 0; j < 4; ++j)
               acc += (offset ? int32_t(uint8_t(a[k4 * 4 + j])) - offset : int32_t(a[k4 * 4 + j])) *
-                     packed_weight(w, k4, cols, n, j, int4);
+                     packed_weight(w, k4, cols, n, j, int4, nib_offset);
           const float scale = args.a_scale[m] * wscale[n];
           y[n] = scale * float(acc);
         }

@@ -510,6 +510,7 @@ void MoELayer::load_experts(const std::vector<ExpertSource>& experts, SourceDTyp
   ensure_allocated(&pool);
   const auto quantize_w =
       format_ == WeightFormat::int4 ? formats::quantize_row_int4 : formats::quantize_row_int8;
+  const bool nib_offset = int4_offset_nibbles(isa_, format_);  // the avx2 / avx512 int4 codes
   const int64_t n = int64_t(experts.size());
   // Shard s is packed by pool s % pools, so its pages are first touched on that pool's node.
   pool.run_pools([&](const PoolWork& wk) {
@@ -554,10 +555,10 @@ void MoELayer::load_experts(const std::vector<ExpertSource>& experts, SourceDTyp
           dd[size_t(h)] = quantize_w(fd.data() + h * is, is, qd.data() + h * is);
         const int8_t* gu_q[2] = {qg.data(), qu.data()};
         const float* gu_d[2] = {dg.data(), du.data()};
-        formats::pack_int8_strips(sh.gu, gu_q, gu_d, wb, sb, cb);
+        formats::pack_int8_strips(sh.gu, gu_q, gu_d, wb, sb, cb, nib_offset);
         const int8_t* d_q[1] = {qd.data()};
         const float* d_d[1] = {dd.data()};
-        formats::pack_int8_strips(sh.down, d_q, d_d, wd, sd, cd);
+        formats::pack_int8_strips(sh.down, d_q, d_d, wd, sd, cd, nib_offset);
       }
     }
   });
@@ -603,6 +604,7 @@ void MoELayer::load_experts_quantized(int shard, const std::vector<QuantExpertSo
   ensure_allocated(&pool);
   Shard& sh = shards_[size_t(shard)];
   const int64_t n = int64_t(experts.size());
+  const bool nib_offset = int4_offset_nibbles(isa_, format_);  // the avx2 / avx512 int4 codes
   pool.run_pools([&](const PoolWork& wk) {  // on the pool that owns the shard (first touch)
     if (shard % wk.pools != wk.pool) return;
     int64_t j0, j1;
@@ -614,11 +616,11 @@ void MoELayer::load_experts_quantized(int shard, const std::vector<QuantExpertSo
       int32_t* cb = sh.comps.as<int32_t>() + x.slot * sh.expert_cols;
       const int8_t* gu_q[2] = {x.q_gate, x.q_up};
       const float* gu_d[2] = {x.d_gate, x.d_up};
-      formats::pack_int8_strips(sh.gu, gu_q, gu_d, wb, sb, cb);
+      formats::pack_int8_strips(sh.gu, gu_q, gu_d, wb, sb, cb, nib_offset);
       const int8_t* d_q[1] = {x.q_down};
       const float* d_d[1] = {x.d_down};
       formats::pack_int8_strips(sh.down, d_q, d_d, wb + sh.gu.total_bytes(),
-                                sb + sh.gu.total_cols(), cb + sh.gu.total_cols());
+                                sb + sh.gu.total_cols(), cb + sh.gu.total_cols(), nib_offset);
     }
   });
   for (const QuantExpertSource& x : experts) mark_loaded(shard, x.slot);
@@ -804,6 +806,19 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
         gs[size_t(g * rows + r)] = sum;
       }
     gsum = gs.data();
+  }
+  // avx2 / avx512 int4 (int4_int16_sums): each row's Σ_k a, which the kernels take off their
+  // sums of the codes q4 + 8.
+  if (int4_int16_sums(isa_, format_)) {
+    static thread_local std::vector<int32_t> rs;
+    rs.resize(size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int8_t* q = a + r * lda;
+      int32_t sum = 0;
+      for (int64_t k = 0; k < layout.k; ++k) sum += q[k];
+      rs[size_t(r)] = sum;
+    }
+    gsum = rs.data();
   }
   // pair tier (bf16: AMX-BF16 at isa amx, vdpbf16ps at avx512_bf16; fp8: vdpbf16ps at
   // avx512_bf16, AMX-BF16 at amx; mx: AMX-BF16 at amx; >= tile_min_rows rows, K even): the

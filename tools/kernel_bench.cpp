@@ -40,17 +40,18 @@ int main(int argc, char** argv) {
   std::vector<int32_t> comp(size_t(l.total_cols()));
   const int8_t* qs[2] = {q.data(), q.data()};
   const float* ds[2] = {d.data(), d.data()};
-  formats::pack_int8_strips(l, qs, ds, w, sc.data(), comp.data());
+  const WeightFormat fmt = int4 ? WeightFormat::int4 : WeightFormat::int8;
+  formats::pack_int8_strips(l, qs, ds, w, sc.data(), comp.data(), int4_offset_nibbles(isa, fmt));
   const int64_t lda = l.padded_k();
   std::vector<int8_t> a(size_t(M * lda), 1);
   std::vector<float> as(size_t(M), 0.01f), rw(size_t(M), 0.5f), out(size_t(M * l.total_cols()));
   std::vector<float*> rows;
   for (int64_t m = 0; m < M; ++m) rows.push_back(out.data() + m * l.total_cols());
-  const int mr = gemm_max_rows(isa, int4 ? WeightFormat::int4 : WeightFormat::int8);
+  const int mr = gemm_max_rows(isa, fmt);
   KernelKey key;
   key.kind = M > mr ? KernelKind::gemm_prefill : KernelKind::gemm_decode;
   key.isa = isa;
-  key.format = int4 ? WeightFormat::int4 : WeightFormat::int8;
+  key.format = fmt;
   key.m_r = uint8_t(M > mr ? mr : M);
   key.n_vec = kStripVecs;
   key.epilogue = epi;
@@ -58,6 +59,8 @@ int main(int argc, char** argv) {
   if (!k) return 1;
   GemmArgs args{a.data(),    lda,         w, l.full_strips, l.k4,  as.data(), sc.data(),
                 comp.data(), rows.data(), 0, rw.data(),     M / mr};
+  std::vector<int32_t> row_sums(size_t(M), int32_t(l.k));  // Σ_k a of each row (every a is 1)
+  args.a_gsum = row_sums.data();
   auto fn = reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()));
   const int64_t rows_done = M > mr ? M / mr * mr : M;
   const double ops =

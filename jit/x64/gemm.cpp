@@ -398,7 +398,7 @@ class GemmGenerator : public JitGenerator {
       mx_i16_avx2_constants();
     else if (mx4_ && zmm_isa() && mr_ < 6 && !sfma_)
       vmovups(Zmm(29), zword[rip + c_e2m1_]);  // e2m1 table
-    if (i4w_) vmovups(aux(), cpool(c_s4_));    // the signed-nibble table
+    if (i4w_) vmovups(aux(), cpool(c_0f_));    // the nibble mask
     zero_accumulators();
     k_loop(prefetch_next);
     if (fp8_stack_acc() || mx_stack_acc() || qgs2_ || i4w_)
@@ -1179,10 +1179,10 @@ class GemmGenerator : public JitGenerator {
     vmovups(vmem(slot), t);
     if (zero) vpxord_any(sums);
   }
-  // One K step: each vector's nibbles (low nibble: even step, high: odd) become signed bytes
-  // through the table in aux() and meet every row's a + 128, broadcast into its own register
-  // where the tile leaves them free (avx2: its 2-row tiles; zmm: <= 5 rows), else reloaded per
-  // vector; |pair| <= 2 * 255 * 8 = 4080.
+  // One K step: each vector's nibbles (low nibble: even step, high: odd), the unsigned codes
+  // q4 + 8 (int4_offset_nibbles), masked with the 0x0F bytes held in aux() and multiplied by every
+  // row's signed activations, broadcast into its own register where the tile leaves them free
+  // (avx2: its 2-row tiles; zmm: <= 5 rows), else reloaded per vector; |pair| <= 2 * 15 * 127.
   void microkernel_int4w(int u) {
     const Xmm w = tmp(0), t = ones16();
     const bool held = mr_ * nv_ + mr_ <= num_vregs() - 4;
@@ -1193,17 +1193,16 @@ class GemmGenerator : public JitGenerator {
       vmovups(w, weight_mem(v, u));
       if (u % 2) vpsrlw(w, w, 4);
       if (zmm_isa())
-        vpandd(w, w, cpool(c_0f_));
+        vpandd(w, w, aux());
       else
-        vpand(w, w, cpool(c_0f_));
-      vpshufb(w, aux(), w);
+        vpand(w, w, aux());
       for (int m = 0; m < mr_; ++m) {
         if (!held) vpbroadcastd(row(m), dword[a_row(m) + 4 * u]);
         if (first_step_ && u == 0) {
-          vpmaddubsw(acc(m, v), row(m), w);
+          vpmaddubsw(acc(m, v), w, row(m));
           continue;
         }
-        vpmaddubsw(t, row(m), w);
+        vpmaddubsw(t, w, row(m));
         vpaddw(acc(m, v), acc(m, v), t);
       }
     }
@@ -1941,8 +1940,17 @@ class GemmGenerator : public JitGenerator {
     // y = (a_scale * w_scale) * float(acc)
     const Xmm s = vreg(num_vregs() - 4);
     const Xmm t = vreg(num_vregs() - 3);
+    const Xmm asum8 = vreg(num_vregs() - 2);  // int4 (i4w_): 8 * the row's Σ a
+    if (i4w_) {
+      mov(reg_tmp2, arg(offsetof(GemmArgs, a_gsum)));
+      lea(reg_tmp2, ptr[reg_tmp2 + reg_row * 4]);
+    }
     for (int m = 0; m < mr_ && !bf16_ && !mx_; ++m) {  // bf16, mx: the accumulators are y
       vbroadcastss(s, dword[reg_tmp + m * 4]);
+      if (i4w_) {
+        vpbroadcastd(asum8, dword[reg_tmp2 + m * 4]);
+        vpslld(asum8, asum8, 3);
+      }
       for (int v = 0; v < nv_; ++v) {
         if (qg_) {  // y = a_scale * t
           vmulps(acc(m, v), s, acc(m, v));
@@ -1953,8 +1961,11 @@ class GemmGenerator : public JitGenerator {
           vmulps(acc(m, v), t, acc(m, v));
           continue;
         }
-        if (i4w_) vpslld(acc(m, v), acc(m, v), 4);  // sums of 16 * q4 as the other levels'
-        if (vnni_ || i4w_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + v * vec_bytes()));
+        if (i4w_) {  // Σ a * (q4 + 8) - 8 * Σ a, times 16: the other levels' sums of a * 16 * q4
+          vpsubd(acc(m, v), acc(m, v), asum8);
+          vpslld(acc(m, v), acc(m, v), 4);
+        }
+        if (vnni_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + v * vec_bytes()));
         vcvtdq2ps(acc(m, v), acc(m, v));
         vmulps(t, s, vmem(reg_wscale + v * vec_bytes()));
         vmulps(acc(m, v), t, acc(m, v));
@@ -2082,8 +2093,6 @@ class GemmGenerator : public JitGenerator {
     static_assert(formats::kMxI16CodeOffset == 12 + 12 * 256);
     L(c_e2m1_b_);  // 2 * e2m1 + 12 as bytes for every nibble (AVX2 vpshufb, unsigned)
     for (int i = 0; i < 16; ++i) db(uint8_t(int(2.0f * mx_e2m1(uint8_t(i))) + 12));
-    L(c_s4_);  // a nibble's two's-complement value as a byte, in both 128-bit lanes
-    for (int i = 0; i < 64; ++i) db(uint8_t(int8_t(((i & 15) ^ 8) - 8)));
     L(c_000f_);
     for (int i = 0; i < 16; ++i) dw(0x000f);
     if (fp8p_) emit_fp8_pair_constants();
@@ -2118,7 +2127,7 @@ class GemmGenerator : public JitGenerator {
   const KernelKey key_;
   const int lanes_, nv_, mr_;
   const bool vnni_, int4_;
-  const bool i4w_;  // avx2 int4: a + 128 times the signed nibble, int16 sums (int4_int16_sums)
+  const bool i4w_;  // avx2 / avx512 int4: the code q4 + 8 times a, int16 sums (int4_int16_sums)
   const bool bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;
   const bool qg_, qg4_, qgb_, qgo_, qgs_;
   const int qgh_;    // 16-bit scales: 1 fp16, 2 bf16
@@ -2151,7 +2160,7 @@ class GemmGenerator : public JitGenerator {
     for (int m = 0; m < mr_; ++m)
       for (int v = 0; v < nv_; ++v) vpxord_any(gacc(m, v));
   }
-  Label c_s4_, c_dupw_, c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_,
+  Label c_dupw_, c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_,
       c_fp8_lut_[2], c_fp8_idx_[2];
   Label c_f2p56_, c_f2p64_, c_e4m3_dw_;
   Label c_ones16_, c_f256_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_,

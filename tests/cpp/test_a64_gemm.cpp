@@ -308,7 +308,7 @@ Packed make_weights(const Problem& p) {
   }
   const int8_t* qs[2] = {pk.q[0].data(), pk.q.back().data()};
   const float* ds[2] = {pk.d[0].data(), pk.d.back().data()};
-  formats::pack_int8_strips(pk.layout, qs, ds, pk.w.data(), pk.scale.data(), pk.comp.data());
+  formats::pack_int8_strips(pk.layout, qs, ds, pk.w.data(), pk.scale.data(), pk.comp.data(), false);
   return pk;
 }
 

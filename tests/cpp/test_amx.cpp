@@ -474,7 +474,7 @@ void check_problem(const Problem& p, uint64_t* traps, uint64_t* dps,
   std::vector<int8_t> w(size_t(l.total_bytes()));
   std::vector<float> scale(size_t(l.total_cols()));
   std::vector<int32_t> comp(size_t(l.total_cols()));
-  formats::pack_int8_strips(l, qs, ds, w.data(), scale.data(), comp.data());
+  formats::pack_int8_strips(l, qs, ds, w.data(), scale.data(), comp.data(), false);
 
   const int64_t lda = l.padded_k() + 24;
   std::vector<int8_t> a(size_t(p.M * lda));

@@ -95,14 +95,17 @@ Packed make_weights(const Problem& p) {
   for (int s = 0; s < sources; ++s) {
     pk.q.emplace_back(size_t(p.N * p.K));
     pk.d.emplace_back(size_t(p.N));
-    for (auto& x : pk.q.back())  // int4: 16 * [-8, 7]; `extreme`: the largest products
-      x = p.extreme ? int8_t(int4 ? -128 : -127)
+    // int4: 16 * [-8, 7]; `extreme`: the largest products (int4: q4 = 7, the code 15 of
+    // int4_offset_nibbles, against a = +-127)
+    for (auto& x : pk.q.back())
+      x = p.extreme ? int8_t(int4 ? 112 : -127)
                     : int8_t(int4 ? 16 * (int(rng() % 16) - 8) : qd(rng));
     for (auto& x : pk.d.back()) x = sd(rng);
   }
   const int8_t* qs[2] = {pk.q[0].data(), pk.q.back().data()};
   const float* ds[2] = {pk.d[0].data(), pk.d.back().data()};
-  formats::pack_int8_strips(pk.layout, qs, ds, pk.w.data(), pk.scale.data(), pk.comp.data());
+  formats::pack_int8_strips(pk.layout, qs, ds, pk.w.data(), pk.scale.data(), pk.comp.data(),
+                            int4_offset_nibbles(p.isa, p.fmt));
   return pk;
 }
 
@@ -131,6 +134,10 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
   // strip-scratch tiles at avx2 with K even), then prefill and decode kernels for the rest.
   const GemmKernelSet ks = make_gemm_kernel_set(p.isa, p.fmt, p.epi, l.tail_vecs, 0, p.K % 2 == 0);
   const bool exec_tiles = ks.tile_rows && strip_scratch_kernel(ks.tile_full);
+  std::vector<int32_t> row_sums(size_t(p.M), 0);
+  if (int4_int16_sums(p.isa, p.fmt))
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t k = 0; k < l.k; ++k) row_sums[size_t(m)] += a[size_t(m * lda + k)];
   const bool tiles = (exec_tiles || (p.scratch_tiles && p.K % 2 == 0)) &&
                      p.M >= gemm_max_rows(p.isa, WeightFormat::bf16);
   const int tile_rows = gemm_max_rows(p.isa, WeightFormat::bf16);
@@ -166,6 +173,7 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
         pk.gscale.empty() ? nullptr : pk.gscale.data() + s0 * l.gscale_floats_per_strip();
     args.g_steps = l.g_steps;
     args.g_per_strip = l.groups();
+    if (int4_int16_sums(p.isa, p.fmt)) args.a_gsum = row_sums.data() + row0;  // Σ_k a per row
     if (use_ref) {
       gemm_ref(key, args);
     } else {
@@ -225,7 +233,7 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
       } else if (bf16)
         std::memcpy(&a[size_t(m * lda + k * 4)], &af[size_t(m * p.K + k)], 4);
       else
-        a[size_t(m * lda + k)] = int8_t(p.extreme ? 127 : qd(rng));
+        a[size_t(m * lda + k)] = int8_t(p.extreme ? (p.seed % 2 ? 127 : -127) : qd(rng));
     }
   std::vector<int8_t> a_signed = a;
   if (!bf16 && gemm_activation_offset(p.isa, p.fmt))
@@ -289,11 +297,10 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
   }
 }
 
-// avx2 / avx512 int4 kernels add kInt4SumSteps K steps of (a + 128) * q4 pair sums in int16
-// lanes: at a = 127 and q4 = -8 every pair is -4080 and 8 steps reach -32640, one step short of
-// wrapping.
-// A kernel that summed more steps, or saturated, fails the bitwise check against the twin and
-// the twin's against exact int64 math.
+// avx2 / avx512 int4 kernels add kInt4SumSteps K steps of a * (q4 + 8) pair sums in int16
+// lanes: at a = +-127 and q4 = 7 (the code 15) every pair is +-3810 and 8 steps reach +-30480.
+// A kernel that summed more steps (16 steps wrap), or saturated, fails the bitwise check against
+// the twin and the twin's against exact int64 math.
 TEST(Gemm, Int4Int16SumsAtTheirBound) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "x86 kernels";
@@ -301,8 +308,11 @@ TEST(Gemm, Int4Int16SumsAtTheirBound) {
   ASSERT_TRUE(int4_int16_sums(IsaLevel::avx2, WeightFormat::int4));
   ASSERT_TRUE(int4_int16_sums(IsaLevel::avx512, WeightFormat::int4));
   ASSERT_FALSE(int4_int16_sums(IsaLevel::avx512_vnni, WeightFormat::int4));
-  ASSERT_TRUE(gemm_activation_offset(IsaLevel::avx2, WeightFormat::int4));
+  ASSERT_TRUE(int4_offset_nibbles(IsaLevel::avx2, WeightFormat::int4));
+  ASSERT_FALSE(int4_offset_nibbles(IsaLevel::avx512_vnni, WeightFormat::int4));
+  ASSERT_FALSE(gemm_activation_offset(IsaLevel::avx2, WeightFormat::int4));
   ASSERT_FALSE(gemm_activation_offset(IsaLevel::avx2, WeightFormat::int8));
+  ASSERT_TRUE(gemm_activation_offset(IsaLevel::avx512_vnni, WeightFormat::int4));
   size_t ran = 0;
   uint32_t seed = 900;
   for (IsaLevel isa : test::kernel_test_levels()) {
