@@ -31,6 +31,38 @@ TEST(FormatInt8, QuantizeMatchesNaiveRoundHalfEven) {
   for (int8_t v : q) EXPECT_EQ(v, 0);
 }
 
+// Packs `q` / `d` (one or two sources) into fresh buffers the size the layout asks for.
+struct Packed {
+  std::vector<int8_t> out;
+  std::vector<float> sc;
+  std::vector<int32_t> comp;
+};
+Packed pack(const formats::StripLayout& l, const std::vector<std::vector<int8_t>>& q,
+            const std::vector<std::vector<float>>& d, bool offset_nibbles) {
+  Packed p{std::vector<int8_t>(size_t(l.total_bytes())), std::vector<float>(size_t(l.total_cols())),
+           std::vector<int32_t>(size_t(l.total_cols()))};
+  const int8_t* qs[2] = {q[0].data(), q.back().data()};
+  const float* ds[2] = {d[0].data(), d.back().data()};
+  formats::pack_int8_strips(l, qs, ds, p.out.data(), p.sc.data(), p.comp.data(), offset_nibbles);
+  return p;
+}
+
+// Calls f(strip's byte offset, strip's columns, column in the strip, packed column, source, row)
+// for every packed column in order; row is -1 for padding.
+template <class F>
+void for_each_packed_column(const formats::StripLayout& l, F f) {
+  int64_t col = 0;
+  for (int64_t strip = 0; strip < l.num_strips(); ++strip) {
+    const int cols = l.strip_cols(strip < l.full_strips ? l.strip_vecs : l.tail_vecs);
+    for (int j = 0; j < cols; ++j, ++col) {
+      int src;
+      int64_t row;
+      formats::packed_column_source(l, col, &src, &row);
+      f(l.strip_offset(strip), cols, j, col, src, row);
+    }
+  }
+}
+
 TEST(FormatInt8, PackedColumnsRoundTrip) {
   // Every logical (source, row, k) lands at exactly one packed byte, and padding is zero.
   for (int sources : {1, 2})
@@ -45,33 +77,21 @@ TEST(FormatInt8, PackedColumnsRoundTrip) {
             q[size_t(s)][size_t(i)] = int8_t((i * 7 + s * 3) % 251 - 125);
         for (int s = 0; s < sources; ++s)
           for (int64_t i = 0; i < n; ++i) d[size_t(s)][size_t(i)] = float(i + 1 + 100 * s);
-        const int8_t* qs[2] = {q[0].data(), q.back().data()};
-        const float* ds[2] = {d[0].data(), d.back().data()};
-        std::vector<int8_t> out(size_t(l.total_bytes()));
-        std::vector<float> sc(size_t(l.total_cols()));
-        std::vector<int32_t> comp(size_t(l.total_cols()));
-        formats::pack_int8_strips(l, qs, ds, out.data(), sc.data(), comp.data(), false);
-        int64_t seen = 0, col = 0;
-        for (int64_t strip = 0; strip <= l.full_strips; ++strip) {
-          const int vecs = strip < l.full_strips ? l.strip_vecs : l.tail_vecs;
-          const int cols = l.strip_cols(vecs);
-          for (int j = 0; j < cols; ++j, ++col) {
-            int src;
-            int64_t row;
-            formats::packed_column_source(l, col, &src, &row);
-            int32_t sum = 0;
-            for (int64_t kk = 0; kk < l.padded_k(); ++kk) {
-              const int8_t b =
-                  out[size_t(l.strip_offset(strip) + ((kk / 4) * cols + j) * 4 + kk % 4)];
-              const int8_t want = (row >= 0 && kk < k) ? q[size_t(src)][size_t(row * k + kk)] : 0;
-              ASSERT_EQ(b, want) << "n=" << n << " k=" << k << " col=" << col;
-              sum += b;
-            }
-            EXPECT_EQ(comp[size_t(col)], 128 * sum);
-            EXPECT_EQ(sc[size_t(col)], row >= 0 ? d[size_t(src)][size_t(row)] : 0.0f);
-            if (row >= 0) ++seen;
-          }
-        }
+        const Packed pk = pack(l, q, d, false);
+        int64_t seen = 0;
+        for_each_packed_column(
+            l, [&](int64_t base, int cols, int j, int64_t col, int src, int64_t row) {
+              int32_t sum = 0;
+              for (int64_t kk = 0; kk < l.padded_k(); ++kk) {
+                const int8_t b = pk.out[size_t(base + ((kk / 4) * cols + j) * 4 + kk % 4)];
+                const int8_t want = (row >= 0 && kk < k) ? q[size_t(src)][size_t(row * k + kk)] : 0;
+                ASSERT_EQ(b, want) << "n=" << n << " k=" << k << " col=" << col;
+                sum += b;
+              }
+              EXPECT_EQ(pk.comp[size_t(col)], 128 * sum);
+              EXPECT_EQ(pk.sc[size_t(col)], row >= 0 ? d[size_t(src)][size_t(row)] : 0.0f);
+              if (row >= 0) ++seen;
+            });
         EXPECT_EQ(seen, n * sources);
       }
 }
@@ -91,41 +111,22 @@ TEST(FormatInt8, Int4NibblesBothForms) {
           for (int s = 0; s < sources; ++s)
             for (int64_t i = 0; i < n * k; ++i)
               q[size_t(s)][size_t(i)] = int8_t(16 * ((i * 5 + s * 3) % 16 - 8));  // -8 .. 7
-          const int8_t* qs[2] = {q[0].data(), q.back().data()};
-          const float* ds[2] = {d[0].data(), d.back().data()};
-          std::vector<int8_t> out(size_t(l.total_bytes()));
-          std::vector<float> sc(size_t(l.total_cols()));
-          std::vector<int32_t> comp(size_t(l.total_cols()));
-          formats::pack_int8_strips(l, qs, ds, out.data(), sc.data(), comp.data(), offset);
-          int64_t col = 0;
-          for (int64_t strip = 0; strip < l.num_strips(); ++strip) {
-            const int vecs = strip < l.full_strips ? l.strip_vecs : l.tail_vecs;
-            const int cols = l.strip_cols(vecs);
-            for (int j = 0; j < cols; ++j, ++col) {
-              int src;
-              int64_t row;
-              formats::packed_column_source(l, col, &src, &row);
-              for (int64_t kk = 0; kk < l.padded_k(); ++kk) {
-                const int64_t step = kk / 4;  // steps 2p, 2p + 1 share a byte block
-                const uint8_t b = uint8_t(
-                    out[size_t(l.strip_offset(strip) + ((step / 2) * cols + j) * 4 + kk % 4)]);
-                const int nib = step % 2 ? b >> 4 : b & 15;
-                const int q4 = offset ? nib - 8 : (nib ^ 8) - 8;
-                const int want =
-                    (row >= 0 && kk < k) ? q[size_t(src)][size_t(row * k + kk)] / 16 : 0;
-                ASSERT_EQ(q4, want) << "offset=" << offset << " n=" << n << " k=" << k
-                                    << " col=" << col << " k=" << kk;
-              }
+          const std::vector<int8_t> out = pack(l, q, d, offset).out;
+          for_each_packed_column(l, [&](int64_t base, int cols, int j, int64_t col, int src,
+                                        int64_t row) {
+            for (int64_t kk = 0; kk < l.padded_k(); ++kk) {
+              const int64_t step = kk / 4;  // steps 2p, 2p + 1 share a byte block
+              const uint8_t b = uint8_t(out[size_t(base + ((step / 2) * cols + j) * 4 + kk % 4)]);
+              const int nib = step % 2 ? b >> 4 : b & 15;
+              const int q4 = offset ? nib - 8 : (nib ^ 8) - 8;
+              const int want = (row >= 0 && kk < k) ? q[size_t(src)][size_t(row * k + kk)] / 16 : 0;
+              ASSERT_EQ(q4, want) << "offset=" << offset << " n=" << n << " k=" << k
+                                  << " col=" << col << " kk=" << kk;
             }
-          }
+          });
         }
-  auto l8 = formats::StripLayout::make(4, 8, 8, 4, 1, 8);
-  std::vector<int8_t> q8(32, 0), out(size_t(l8.total_bytes()));
-  std::vector<float> d8(4, 1.0f), sc(size_t(l8.total_cols()));
-  std::vector<int32_t> comp(size_t(l8.total_cols()));
-  const int8_t* qs[1] = {q8.data()};
-  const float* ds[1] = {d8.data()};
-  EXPECT_THROW(formats::pack_int8_strips(l8, qs, ds, out.data(), sc.data(), comp.data(), true),
+  const auto l8 = formats::StripLayout::make(4, 8, 8, 4, 1, 8);
+  EXPECT_THROW(pack(l8, {std::vector<int8_t>(32, 0)}, {std::vector<float>(4, 1.0f)}, true),
                std::invalid_argument);
 }
 
