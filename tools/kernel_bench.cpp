@@ -1,16 +1,19 @@
-// Microbenchmark of one generated INT8 (or INT4) GEMM kernel with its weights hot in cache:
-//   build/ktjit_kernel_bench [isa] [M] [N] [K] [epilogue: store|siluup|accum] [int8|int4]
-// Prints Gop/s next to the same run's vpdpbusd / maddubsw peak. Speed is judged here and in
-// `kt-jit bench`, never in tests.
+// Microbenchmark of one generated INT8, INT4 or BF16 GEMM kernel with its weights hot in cache:
+//   build/ktjit_kernel_bench [isa] [M] [N] [K] [epilogue: store|siluup|accum] [int8|int4|bf16]
+// Prints Gop/s next to the same run's peak of the instructions the kernel uses (vpdpbusd;
+// vpmaddubsw + vpmaddwd + vpaddd, or + vpaddw for int4's int16 sums; FMA for bf16). Speed is
+// judged here and in `kt-jit bench`, never in tests.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "formats/int8.hpp"
+#include "jit/bench_loops.hpp"
 #include "jit/gemm.hpp"
 #include "jit/x64/bench_loops.hpp"
 #include "runtime/machine_limits.hpp"
@@ -27,23 +30,49 @@ int main(int argc, char** argv) {
   const Epilogue epi = epi_s == "siluup"  ? Epilogue::siluup
                        : epi_s == "accum" ? Epilogue::accum
                                           : Epilogue::store;
-  const bool int4 = argc > 6 && std::string(argv[6]) == "int4";
+  const std::string fmt_s = argc > 6 ? argv[6] : "int8";
+  const bool int4 = fmt_s == "int4", bf16 = fmt_s == "bf16";
+  if (!int4 && !bf16 && fmt_s != "int8") {
+    std::fprintf(stderr, "format: expected int8, int4 or bf16, got %s\n", fmt_s.c_str());
+    return 2;
+  }
+  const WeightFormat fmt = int4   ? WeightFormat::int4
+                           : bf16 ? WeightFormat::bf16
+                                  : WeightFormat::int8;
   const int lanes = vec_lanes(isa);
   auto l = formats::StripLayout::make(N, K, lanes, kStripVecs, epi == Epilogue::siluup ? 2 : 1,
-                                      int4 ? 4 : 8);
+                                      bf16   ? 16
+                                      : int4 ? 4
+                                             : 8,
+                                      bf16 ? bf16_kgroup(isa) : 0);
   std::mt19937 rng(1);
-  std::vector<int8_t> q(size_t(N * K));
   AlignedBuffer wbuf(size_t(l.total_bytes()));  // the layer's weights are 64-byte aligned too
   int8_t* w = wbuf.as<int8_t>();
-  for (auto& x : q) x = int8_t(int4 ? 16 * (int(rng() % 16) - 8) : int(rng() % 255) - 127);
   std::vector<float> d(size_t(N), 0.01f), sc(size_t(l.total_cols()));
   std::vector<int32_t> comp(size_t(l.total_cols()));
-  const int8_t* qs[2] = {q.data(), q.data()};
-  const float* ds[2] = {d.data(), d.data()};
-  const WeightFormat fmt = int4 ? WeightFormat::int4 : WeightFormat::int8;
-  formats::pack_int8_strips(l, qs, ds, w, sc.data(), comp.data(), int4_offset_nibbles(isa, fmt));
-  const int64_t lda = l.padded_k();
+  if (bf16) {
+    std::vector<float> wf(size_t(N * K));
+    for (auto& x : wf) x = float(int(rng() % 2001) - 1000) * 1e-4f;
+    const float* ws[2] = {wf.data(), wf.data()};
+    formats::pack_bf16_strips(l, ws, reinterpret_cast<uint16_t*>(w), sc.data(), comp.data());
+  } else {
+    std::vector<int8_t> q(size_t(N * K));
+    for (auto& x : q) x = int8_t(int4 ? 16 * (int(rng() % 16) - 8) : int(rng() % 255) - 127);
+    const int8_t* qs[2] = {q.data(), q.data()};
+    const float* ds[2] = {d.data(), d.data()};
+    formats::pack_int8_strips(l, qs, ds, w, sc.data(), comp.data(), int4_offset_nibbles(isa, fmt));
+  }
+  // Rows as the executor lays them out: int8 (every a is 1), or fp32 for bf16 with the row
+  // stride moved off a multiple of 1 KiB (runtime/moe_layer.cpp unaliased_stride).
+  int64_t lda = bf16 ? (l.padded_k() * 4 + 63) / 64 * 64 : l.padded_k();
+  if (bf16 && lda % 1024 == 0) lda += 64;
   std::vector<int8_t> a(size_t(M * lda), 1);
+  if (bf16)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        const float x = float(int(rng() % 2001) - 1000) * 1e-3f;
+        std::memcpy(&a[size_t(m * lda + k * 4)], &x, 4);
+      }
   std::vector<float> as(size_t(M), 0.01f), rw(size_t(M), 0.5f), out(size_t(M * l.total_cols()));
   std::vector<float*> rows;
   for (int64_t m = 0; m < M; ++m) rows.push_back(out.data() + m * l.total_cols());
@@ -74,13 +103,19 @@ int main(int argc, char** argv) {
   std::sort(t.begin(), t.end());
   const double gops = ops / t[t.size() / 2] / 1e9, best = ops / t[0] / 1e9;
   const bool vnni = int(isa) >= int(IsaLevel::avx512_vnni);
-  const double peak =
-      measure_peak_gops(isa, uint8_t(vnni ? x64::PeakOp::vpdpbusd : x64::PeakOp::maddubsw), 5);
+  const PeakOp op = bf16                        ? PeakOp::fma_f32
+                    : vnni                      ? PeakOp::vpdpbusd
+                    : int4_int16_sums(isa, fmt) ? PeakOp::maddubsw_w
+                                                : PeakOp::maddubsw;
+  const char* op_name = bf16                       ? "FMA"
+                        : vnni                     ? "vpdpbusd"
+                        : op == PeakOp::maddubsw_w ? "vpmaddubsw+vpaddw"
+                                                   : "vpmaddubsw+vpmaddwd+vpaddd";
+  const double peak = measure_peak_gops(isa, uint8_t(op), 5);
   std::printf(
       "%s M=%lld N=%lld K=%lld: median %.1f Gop/s = %.0f%%, best %.1f Gop/s = %.0f%% of the "
       "same-run %s peak (%.1f Gop/s)\n",
       k->name.c_str(), (long long)rows_done, (long long)(l.full_strips * l.strip_cols(4)),
-      (long long)K, gops, 100 * gops / peak, best, 100 * best / peak,
-      vnni ? "vpdpbusd" : "maddubsw", peak);
+      (long long)K, gops, 100 * gops / peak, best, 100 * best / peak, op_name, peak);
   return 0;
 }
