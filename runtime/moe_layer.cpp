@@ -791,12 +791,16 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
                         int64_t out_col0, const float* row_weight, const float* gscale) const {
   const int full_cols = layout.strip_cols(layout.strip_vecs);
   const int out_full = gemm_strip_out_cols(isa_, layout.strip_vecs, ks.epilogue);
-  // qgroup: the rows' per-group activation sums s_g ([g][row], GemmArgs::a_gsum) for the VNNI
-  // offset and the bias term, computed here once per call from the int8 rows the kernels read.
+  // The rows' activation sums of GemmArgs::a_gsum ([g][row]), computed here once per call from
+  // the int8 rows the kernels read: qgroup's per-group s_g (the VNNI offset, the bias term), and
+  // for avx2 / avx512 int4 (int4_int16_sums) one group over K, which those kernels take off their
+  // sums of the codes q4 + 8.
   const int32_t* gsum = nullptr;
-  if (format_ == WeightFormat::qgroup && qgroup_needs_gsum(ks.prefill_full)) {
+  const bool qg_sums = format_ == WeightFormat::qgroup && qgroup_needs_gsum(ks.prefill_full);
+  if (qg_sums || int4_int16_sums(isa_, format_)) {
     static thread_local std::vector<int32_t> gs;
-    const int64_t G = layout.g_steps * 4, groups = layout.groups();
+    const int64_t G = qg_sums ? layout.g_steps * 4 : layout.k;
+    const int64_t groups = qg_sums ? layout.groups() : 1;
     gs.resize(size_t(groups * rows));
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t g = 0; g < groups; ++g) {
@@ -806,19 +810,6 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
         gs[size_t(g * rows + r)] = sum;
       }
     gsum = gs.data();
-  }
-  // avx2 / avx512 int4 (int4_int16_sums): each row's Σ_k a, which the kernels take off their
-  // sums of the codes q4 + 8.
-  if (int4_int16_sums(isa_, format_)) {
-    static thread_local std::vector<int32_t> rs;
-    rs.resize(size_t(rows));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int8_t* q = a + r * lda;
-      int32_t sum = 0;
-      for (int64_t k = 0; k < layout.k; ++k) sum += q[k];
-      rs[size_t(r)] = sum;
-    }
-    gsum = rs.data();
   }
   // pair tier (bf16: AMX-BF16 at isa amx, vdpbf16ps at avx512_bf16; fp8: vdpbf16ps at
   // avx512_bf16, AMX-BF16 at amx; mx: AMX-BF16 at amx; >= tile_min_rows rows, K even): the
