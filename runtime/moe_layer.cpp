@@ -38,6 +38,15 @@ bool qgroup_folds_allowed() {
   throw std::invalid_argument(std::string("KT_JIT_QGROUP_FOLDS must be 0 or 1, got '") + e + "'");
 }
 
+// KT_JIT_HALF_STRIPS=0 turns the avx2 int4 half-strip tiles off (jit/kernel.hpp kHalfStrips):
+// prefill then runs 2-row tiles only. The same bits either way; read when a kernel set is made.
+bool half_strips_allowed() {
+  const char* e = std::getenv("KT_JIT_HALF_STRIPS");
+  if (!e || !std::strcmp(e, "1")) return true;
+  if (!std::strcmp(e, "0")) return false;
+  throw std::invalid_argument(std::string("KT_JIT_HALF_STRIPS must be 0 or 1, got '") + e + "'");
+}
+
 // qgroup offset codes (jit/kernel.hpp kQGroupOffset) at avx2, for 4-bit tables that allow them:
 // c0, or -1 for the sign-step kernels. Per (row, vector) and K step they need 3 vector
 // instructions instead of 5 (vpsignb and vpabsb go). avx512 (no VNNI) has the same kernels, checked
@@ -316,6 +325,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
   // kernels. fp8 prefill pair tiles: vdpbf16ps at avx512_bf16, AMX-BF16 at amx.
   const bool amx = isa == IsaLevel::amx;
   if (amx) isa = IsaLevel::avx512_bf16;
+  const bool half_strips = half_strips_allowed();  // checked on every level and format
   GemmKernelSet ks;
   ks.isa = isa;
   ks.epilogue = epi;
@@ -371,6 +381,15 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant =
         uint16_t(variant | kStripScratch);  // + SwiGLU bits
+  } else if (isa == IsaLevel::avx2 && fmt == WeightFormat::int4 && half_strips) {
+    // Half-strip tiles (jit/gemm.hpp half_strip_kernel): 4 rows x 2 vectors of int16 lanes, two
+    // passes per strip, so each nibble vector is decoded once for 4 rows. An L1-resident loop of
+    // their K steps ran 1.07-1.08x the 2-row tile's on Zen 3 (docs/BENCHMARKS.md); the remainder
+    // of 1-3 rows takes the 2-row prefill and the decode tiles.
+    ks.tile_rows = ks.tile_min_rows = kHalfStripRows;
+    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
+    ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
+    ks.tile_full.variant = ks.tile_tail.variant = uint16_t(variant | kHalfStrips);
   } else if (isa == IsaLevel::neon_bf16 && fmt == WeightFormat::bf16) {
     // bfdot pair kernels (jit/aarch64/gemm_a64.cpp): 6-row blocks reading the k-pair strips in
     // place, from kNeonBf16PairMinRows rows (see there).

@@ -91,7 +91,9 @@ class GemmGenerator : public JitGenerator {
         mx_(mx4_ || mx8_),
         gacc_(decode_group_accumulate(key) || fp8p_ || (sfma_ && fp8_)),
         i16_(mx_int16_activations(key)),
-        fp8dw_(fp8_dword_decode(key)) {
+        fp8dw_(fp8_dword_decode(key)),
+        sv_(key.n_vec),
+        half_(half_strip_kernel(key)) {
     if (key.format != WeightFormat::int8 && key.format != WeightFormat::int4 &&
         key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8 && !qg_ && !mx_)
       throw std::invalid_argument(
@@ -152,12 +154,18 @@ class GemmGenerator : public JitGenerator {
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
       throw std::invalid_argument("gemm: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));
+    if ((key.variant & kHalfStrips) &&
+        (!half_ || key.isa != IsaLevel::avx2 || !prefill_ || mr_ != kHalfStripRows))
+      throw std::invalid_argument("gemm: half-strip tiles are avx2 int4 prefill tiles of " +
+                                  std::to_string(kHalfStripRows) + " rows: " + key.describe());
     // strip-scratch kernels run the bf16 microkernel, so they take its tile
-    const int max_rows = gemm_max_rows(key.isa, sfma_ ? WeightFormat::bf16 : key.format);
+    const int max_rows =
+        half_ ? kHalfStripRows : gemm_max_rows(key.isa, sfma_ ? WeightFormat::bf16 : key.format);
     if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > max_rows)
       throw std::invalid_argument("gemm: tile out of range: " + key.describe());
     if (key.epilogue == Epilogue::siluup && nv_ % 2)
       throw std::invalid_argument("gemm: siluup needs an even number of vectors");
+    if (half_) nv_ = std::min(2, sv_);  // the widest pass (the stack slots)
     generate();
   }
 
@@ -190,7 +198,7 @@ class GemmGenerator : public JitGenerator {
   Xmm tmp(int i) const { return vreg(zmm_isa() && (i & 1) ? num_vregs() - 5 : num_vregs() - 2); }
   Xmm ones16() const { return vreg(num_vregs() - 1); }
 
-  int strip_cols() const { return nv_ * lanes_; }
+  int strip_cols() const { return sv_ * lanes_; }
   int strip_k4_bytes() const { return strip_cols() * 4; }
   // Weight bytes per K step: 4-bit strips hold two steps per strip_k4_bytes() block.
   // bf16 strips hold a k pair per step, 4 bytes per column. fp8 pair kernels step by k pairs.
@@ -266,7 +274,7 @@ class GemmGenerator : public JitGenerator {
   // bf16: one broadcast activation per row of the tile, above the accumulators.
   Xmm row_bcast(int m) const { return vreg(zmm_isa() ? 24 + m : 12 + m); }
   Xmm bf16_tmp(int v) const { return vreg(zmm_isa() ? 30 + (v & 1) : 15); }
-  int out_cols() const { return gemm_strip_out_cols(key_.isa, nv_, key_.epilogue); }
+  int out_cols() const { return gemm_strip_out_cols(key_.isa, sv_, key_.epilogue); }
 
   Address arg(size_t off) const { return qword[reg_args + off]; }
   RegExp a_row(int m) const {
@@ -327,7 +335,11 @@ class GemmGenerator : public JitGenerator {
             mov(reg_w, arg(offsetof(GemmArgs, scratch)));
           else
             mov(reg_w, reg_strip);
-          cmp(reg_row, (pairs_ ? kPairPrefetchBlocks : fp8p_ || sfma_ ? 1 : kPrefetchBlocks) * mr_);
+          cmp(reg_row, (pairs_           ? kPairPrefetchBlocks
+                        : fp8p_ || sfma_ ? 1
+                        : half_          ? kPrefetchBlocks / 2  // two passes a block
+                                         : kPrefetchBlocks) *
+                           mr_);
           jge(no_pf, T_NEAR);
           compute_block(true);
           jmp(next, T_NEAR);
@@ -379,8 +391,39 @@ class GemmGenerator : public JitGenerator {
     }
   }
 
-  // One register tile: rows [reg_row, reg_row + mr) x the current strip, over all of K.
+  // One register tile: rows [reg_row, reg_row + mr) x the current strip, over all of K. Half-strip
+  // tiles run it as passes over the strip's vectors p and p + P (P = half the strip's vectors,
+  // rounded up): the pass's weights, scales, compensation and output columns start p vectors in
+  // and step P vectors, so a siluup pass holds gate vector p and its up vector p + P. Each pass
+  // prefetches its share of the next strip, as a 2-row block does (generate() halves the blocks
+  // that prefetch).
   void compute_block(bool prefetch_next) {
+    if (!half_) {
+      compute_tile(prefetch_next);
+      return;
+    }
+    const int passes = (sv_ + 1) / 2;
+    for (int p = 0; p < passes; ++p) {
+      nv_ = p + passes < sv_ ? 2 : 1;
+      vstride_ = passes;
+      const int off = p * vec_bytes();
+      if (p > 0) lea(reg_w, ptr[reg_strip + off]);
+      if (off) {
+        add(reg_wscale, off);
+        add(reg_comp, off);
+        add(reg_col, off);
+      }
+      compute_tile(prefetch_next);
+      if (off) {
+        sub(reg_wscale, off);
+        sub(reg_comp, off);
+        sub(reg_col, off);
+      }
+    }
+    nv_ = std::min(2, sv_);
+    vstride_ = 1;
+  }
+  void compute_tile(bool prefetch_next) {
     mov(reg_a, reg_row);
     imul(reg_a, reg_lda);
     add(reg_a, arg(offsetof(GemmArgs, a)));
@@ -1869,7 +1912,7 @@ class GemmGenerator : public JitGenerator {
   // Bytes of vector v at K step u. For 4-bit weights, the byte block shared by steps 2p, 2p+1.
   Address weight_mem(int v, int u) const {
     const int woff = nib_ ? (u / 2) * strip_k4_bytes() : u * strip_k4_bytes();
-    return vmem(reg_w + woff + v * vec_bytes());
+    return vmem(reg_w + woff + v * vstride_ * vec_bytes());
   }
 
   // The format's decode step: int8 weights of vector v at K step u into `dst` (4-bit: the nibble
@@ -1965,9 +2008,9 @@ class GemmGenerator : public JitGenerator {
           vpsubd(acc(m, v), acc(m, v), asum8);
           vpslld(acc(m, v), acc(m, v), 4);
         }
-        if (vnni_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + v * vec_bytes()));
+        if (vnni_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + v * vstride_ * vec_bytes()));
         vcvtdq2ps(acc(m, v), acc(m, v));
-        vmulps(t, s, vmem(reg_wscale + v * vec_bytes()));
+        vmulps(t, s, vmem(reg_wscale + v * vstride_ * vec_bytes()));
         vmulps(acc(m, v), t, acc(m, v));
       }
     }
@@ -1988,7 +2031,7 @@ class GemmGenerator : public JitGenerator {
   void store_rows() {
     for (int m = 0; m < mr_; ++m) {
       out_row_ptr(reg_tmp, m);
-      for (int v = 0; v < nv_; ++v) vmovups(vmem(reg_tmp + v * vec_bytes()), acc(m, v));
+      for (int v = 0; v < nv_; ++v) vmovups(vmem(reg_tmp + v * vstride_ * vec_bytes()), acc(m, v));
     }
   }
 
@@ -2001,9 +2044,9 @@ class GemmGenerator : public JitGenerator {
       out_row_ptr(reg_tmp, m);
       vbroadcastss(wgt, dword[reg_tmp2 + m * 4]);
       for (int v = 0; v < nv_; ++v) {
-        vmovups(o, vmem(reg_tmp + v * vec_bytes()));
+        vmovups(o, vmem(reg_tmp + v * vstride_ * vec_bytes()));
         vfmadd231ps(o, wgt, acc(m, v));  // o = w * y + o
-        vmovups(vmem(reg_tmp + v * vec_bytes()), o);
+        vmovups(vmem(reg_tmp + v * vstride_ * vec_bytes()), o);
       }
     }
   }
@@ -2125,7 +2168,9 @@ class GemmGenerator : public JitGenerator {
   }
 
   const KernelKey key_;
-  const int lanes_, nv_, mr_;
+  const int lanes_;
+  int nv_;  // vectors of the register tile: the strip's, or a half-strip pass's (kHalfStrips)
+  const int mr_;
   const bool vnni_, int4_;
   const bool i4w_;  // avx2 / avx512 int4: the code q4 + 8 times a, int16 sums (int4_int16_sums)
   const bool bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;
@@ -2143,6 +2188,9 @@ class GemmGenerator : public JitGenerator {
   // it writes the accumulators instead of adding to them
   bool first_step_ = false;
   const bool fp8dw_;  // avx2 one-row fp8 decode in the fp32 domain (jit/gemm.hpp fp8_dword_decode)
+  const int sv_;      // vectors of the strip (KernelKey::n_vec)
+  const bool half_;   // 4-row tiles over half strips (kHalfStrips, jit/gemm.hpp half_strip_kernel)
+  int vstride_ = 1;   // strip vectors from one tile vector to the next (half strips: 2)
   // its constants, loaded at each group start: one row, ymm 13 and 7 (free beside acc 0-3, group
   // sums 8-11, broadcast 12); two rows, ymm 8 and 9 (group sums 0-7, the fp32 accumulators on
   // the stack, broadcasts 12-13, decode 14, fold 15)

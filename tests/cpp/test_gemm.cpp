@@ -131,18 +131,20 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
   const int full_cols = l.strip_cols(l.strip_vecs);
   const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, p.epi);
   // The executor's tile tier where the level has one for the format (make_gemm_kernel_set: fp8
-  // strip-scratch tiles at avx2 with K even), then prefill and decode kernels for the rest.
+  // strip-scratch tiles at avx2 with K even, int4 half-strip tiles at avx2), then prefill and
+  // decode kernels for the rest.
   const GemmKernelSet ks = make_gemm_kernel_set(p.isa, p.fmt, p.epi, l.tail_vecs, 0, p.K % 2 == 0);
-  const bool exec_tiles = ks.tile_rows && strip_scratch_kernel(ks.tile_full);
+  const bool exec_tiles =
+      ks.tile_rows && (strip_scratch_kernel(ks.tile_full) || half_strip_kernel(ks.tile_full));
   std::vector<int32_t> row_sums(size_t(p.M), 0);
   if (int4_int16_sums(p.isa, p.fmt))
     for (int64_t m = 0; m < p.M; ++m)
       for (int64_t k = 0; k < l.k; ++k) row_sums[size_t(m)] += a[size_t(m * lda + k)];
-  const bool tiles = (exec_tiles || (p.scratch_tiles && p.K % 2 == 0)) &&
-                     p.M >= gemm_max_rows(p.isa, WeightFormat::bf16);
-  const int tile_rows = gemm_max_rows(p.isa, WeightFormat::bf16);
+  const int tile_rows = exec_tiles ? ks.tile_rows : gemm_max_rows(p.isa, WeightFormat::bf16);
+  const uint16_t tile_variant = exec_tiles ? ks.tile_full.variant : uint16_t(kStripScratch);
+  const bool tiles = (exec_tiles || (p.scratch_tiles && p.K % 2 == 0)) && p.M >= tile_rows;
   auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
-                  int64_t blocks, uint8_t variant = 0) {
+                  int64_t blocks, uint16_t variant = 0) {
     KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi, p.fmt);
     key.variant = variant;
     if (p.fp8_pairs()) key.variant = kBf16Pairs;
@@ -188,7 +190,7 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     if (ns == 0) continue;
     int64_t row = 0;
     if (tiles) {
-      call(KernelKind::gemm_prefill, tile_rows, nv, s0, ns, 0, p.M / tile_rows, kStripScratch);
+      call(KernelKind::gemm_prefill, tile_rows, nv, s0, ns, 0, p.M / tile_rows, tile_variant);
       row = p.M / tile_rows * tile_rows;
     }
     if (p.M - row > max_rows) {
@@ -362,6 +364,11 @@ TEST(Gemm, SweepMatchesReferenceBitwise) {
       EXPECT_GT(test::count_containing(names, "fp8_avx2_m1n32_store_f32w"), 0u);
       EXPECT_GT(test::count_containing(names, "fp8_avx2_m1n32_siluup_f32w"), 0u);
       EXPECT_GT(std::count(names.begin(), names.end(), "gemm_decode_fp8_avx2_m1n32_accum"), 0);
+      // int4's half-strip tiles (4 rows, two passes), on full strips and on tails of every width
+      for (const char* n : {"int4_avx2_m4n32_store_halves", "int4_avx2_m4n32_siluup_halves",
+                            "int4_avx2_m4n32_accum_halves", "int4_avx2_m4n8_store_halves",
+                            "int4_avx2_m4n16_siluup_halves", "int4_avx2_m4n24_accum_halves"})
+        EXPECT_GT(test::count_containing(names, n), 0u) << n;
     }
   }
   EXPECT_GT(checked, 0u);
@@ -414,6 +421,16 @@ TEST(Gemm, RefusesImpossibleKeys) {
   EXPECT_THROW(KernelCache::generate_only(
                    key_for(IsaLevel::avx512_vnni, KernelKind::gemm_decode, 1, 3, Epilogue::siluup)),
                std::invalid_argument);  // siluup needs gate and up halves
+  // half-strip tiles are avx2 int4 prefill tiles of 4 rows
+  for (auto [isa, kind, m_r, fmt] :
+       {std::tuple{IsaLevel::avx512, KernelKind::gemm_prefill, 4, WeightFormat::int4},
+        std::tuple{IsaLevel::avx2, KernelKind::gemm_decode, 4, WeightFormat::int4},
+        std::tuple{IsaLevel::avx2, KernelKind::gemm_prefill, 2, WeightFormat::int4},
+        std::tuple{IsaLevel::avx2, KernelKind::gemm_prefill, 4, WeightFormat::int8}}) {
+    KernelKey k = key_for(isa, kind, m_r, 4, Epilogue::store, fmt);
+    k.variant = kHalfStrips;
+    EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument) << k.describe();
+  }
   // the fp32-domain fp8 widen is an avx2 decode kernel of 1-2 rows
   for (auto [isa, kind, m_r] : {std::tuple{IsaLevel::avx2, KernelKind::gemm_decode, 3},
                                 std::tuple{IsaLevel::avx2, KernelKind::gemm_prefill, 2},

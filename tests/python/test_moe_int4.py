@@ -46,3 +46,32 @@ def test_int4_accuracy_vs_torch(ref, method, T):
     # int4 really is coarser than int8 on the same weights: the test would notice an int8 path
     ref8 = ref.moe_reference(x, ids, w, gb, ub, db, pmap=pmap, mask=mask)
     assert ref.rel_l1(ref8, ref1) > 1e-2
+
+
+def test_int4_half_strip_tiles_same_bits(ref, monkeypatch):
+    """avx2's 4-row half-strip prefill tiles (KT_JIT_HALF_STRIPS, on by default) give the same
+    bits as the 2-row tiles alone; any value but 0 or 1 is refused when the layer is built, on
+    every level."""
+    gate, up, down = ref.make_weights(E, H, I, seed=12)
+    pmap = torch.arange(E)
+    g = torch.Generator().manual_seed(3)
+    T = 45  # 180 rows over 16 experts: blocks of 4 and remainders of 1-3 rows
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    ids, w = ref.make_routing(T, E, K, seed=3)
+    outs, names, isas = [], [], []
+    for halves in ("1", "0"):
+        monkeypatch.setenv("KT_JIT_HALF_STRIPS", halves)
+        wrapper = ref.make_wrapper(E, K, H, I, method="AMXINT4")
+        wrapper.load_weights_from_tensors(gate, up, down, pmap)
+        outs.append(wrapper.forward(x, ids, w))
+        names.append(wrapper.moe.kernel_names())
+        isas.append(wrapper.moe.isa)
+    assert torch.equal(outs[0], outs[1])
+    if isas[0] == "avx2":
+        assert [n for n in names[0] if n.endswith("_halves")], names[0]
+    assert not [n for n in names[1] if n.endswith("_halves")], names[1]
+    monkeypatch.setenv("KT_JIT_HALF_STRIPS", "yes")
+    with pytest.raises(ValueError, match="KT_JIT_HALF_STRIPS must be 0 or 1"):
+        ref.make_wrapper(E, K, H, I, method="AMXINT4").load_weights_from_tensors(
+            gate, up, down, pmap
+        )
