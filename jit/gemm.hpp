@@ -146,11 +146,14 @@ constexpr int kInt4SumSteps = 8;  // K steps summed in int16 lanes (4 k each)
 inline bool int4_offset_nibbles(IsaLevel isa, WeightFormat fmt) {
   return int4_int16_sums(isa, fmt);
 }
-// avx2 int4 prefill tiles of kHalfStripRows rows run as two passes of 2 vectors (kHalfStrips):
-// the executor's tile tier from that many rows on (runtime/moe_layer.cpp make_gemm_kernel_set).
+// avx2 prefill tiles of kHalfStripRows rows run as two passes of 2 vectors (kHalfStrips), for int4
+// and the qgroup int16-lane folds (Q4_K, Q2_K): the executor's tile tier from that many rows on
+// (runtime/moe_layer.cpp make_gemm_kernel_set).
 constexpr int kHalfStripRows = 4;
 inline bool half_strip_kernel(const KernelKey& key) {
-  return key.format == WeightFormat::int4 && (key.variant & kHalfStrips);
+  return (key.variant & kHalfStrips) &&
+         (key.format == WeightFormat::int4 ||
+          (key.format == WeightFormat::qgroup && (key.variant & kQGroupLaneFold)));
 }
 
 // Whether activations reach `fmt`'s kernels at `isa` as a + 128: the int8 and int4 kernels of

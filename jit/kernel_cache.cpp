@@ -78,7 +78,8 @@ std::string KernelKey::name() const {
       s << "_dpbf16";
     if (format == WeightFormat::fp8 && (variant & kFp8Fp32Widen)) s << "_f32w";
     if (format != WeightFormat::qgroup && (variant & kStripScratch)) s << "_scratch";
-    if (format == WeightFormat::int4 && (variant & kHalfStrips)) s << "_halves";
+    if ((format == WeightFormat::int4 || format == WeightFormat::qgroup) && (variant & kHalfStrips))
+      s << "_halves";
   } else {
     s << '_' << isa_tag(isa) << "_v" << int(variant);
   }

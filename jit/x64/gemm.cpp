@@ -128,7 +128,7 @@ class GemmGenerator : public JitGenerator {
           key.describe());
     if (qg_ && ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper |
                                  0xf0 | kQGroupF16 | kQGroupBf16 | kQGroupI16 | kQGroupIdentity |
-                                 kQGroupIntFold | kQGroupLaneFold)) ||
+                                 kQGroupIntFold | kQGroupLaneFold | kHalfStrips)) ||
                 ((key.variant & 0xf0) && !qgo_) ||
                 __builtin_popcount(key.variant & (kQGroupSuper | kQGroupF16 | kQGroupBf16)) > 1))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
@@ -156,8 +156,9 @@ class GemmGenerator : public JitGenerator {
                                   std::string(isa_name(key.isa)));
     if ((key.variant & kHalfStrips) &&
         (!half_ || key.isa != IsaLevel::avx2 || !prefill_ || mr_ != kHalfStripRows))
-      throw std::invalid_argument("gemm: half-strip tiles are avx2 int4 prefill tiles of " +
-                                  std::to_string(kHalfStripRows) + " rows: " + key.describe());
+      throw std::invalid_argument("gemm: half-strip tiles are avx2 prefill tiles of " +
+                                  std::to_string(kHalfStripRows) +
+                                  " rows for int4 and int16-lane folds: " + key.describe());
     // strip-scratch kernels run the bf16 microkernel, so they take its tile
     const int max_rows =
         half_ ? kHalfStripRows : gemm_max_rows(key.isa, sfma_ ? WeightFormat::bf16 : key.format);
@@ -393,10 +394,10 @@ class GemmGenerator : public JitGenerator {
 
   // One register tile: rows [reg_row, reg_row + mr) x the current strip, over all of K. Half-strip
   // tiles run it as passes over the strip's vectors p and p + P (P = half the strip's vectors,
-  // rounded up): the pass's weights, scales, compensation and output columns start p vectors in
-  // and step P vectors, so a siluup pass holds gate vector p and its up vector p + P. Each pass
-  // prefetches its share of the next strip, as a 2-row block does (generate() halves the blocks
-  // that prefetch).
+  // rounded up): tile vector v of pass p is strip vector sv(v) = p + v * P in every address (codes,
+  // scales, factors, outputs), so a siluup pass holds gate vector p and its up vector p + P. Each
+  // pass walks the whole strip and prefetches its share of the next one, as a 2-row block does
+  // (generate() halves the blocks that prefetch).
   void compute_block(bool prefetch_next) {
     if (!half_) {
       compute_tile(prefetch_next);
@@ -404,25 +405,18 @@ class GemmGenerator : public JitGenerator {
     }
     const int passes = (sv_ + 1) / 2;
     for (int p = 0; p < passes; ++p) {
+      p_ = p;
       nv_ = p + passes < sv_ ? 2 : 1;
       vstride_ = passes;
-      const int off = p * vec_bytes();
-      if (p > 0) lea(reg_w, ptr[reg_strip + off]);
-      if (off) {
-        add(reg_wscale, off);
-        add(reg_comp, off);
-        add(reg_col, off);
-      }
+      if (p > 0) mov(reg_w, reg_strip);
       compute_tile(prefetch_next);
-      if (off) {
-        sub(reg_wscale, off);
-        sub(reg_comp, off);
-        sub(reg_col, off);
-      }
     }
+    p_ = 0;
     nv_ = std::min(2, sv_);
     vstride_ = 1;
   }
+  // The strip vector that tile vector v stands for (compute_block).
+  int sv(int v) const { return p_ + v * vstride_; }
   void compute_tile(bool prefetch_next) {
     mov(reg_a, reg_row);
     imul(reg_a, reg_lda);
@@ -712,7 +706,7 @@ class GemmGenerator : public JitGenerator {
     test(reg_gc, reg_gc);
     jle(done, T_NEAR);
     const Xmm t = vreg(14), u = vreg(13), mbv = vreg(12);
-    const Xmm b[2] = {vreg(8), vreg(15)};
+    const Xmm b[4] = {vreg(8), vreg(15), vreg(9), vreg(10)};  // the rows' s_g pairs
     L(super);
     {
       mov(reg_sb, reg_w);
@@ -729,7 +723,7 @@ class GemmGenerator : public JitGenerator {
             for (int v = 0; v < nv_; ++v) vpxor(qacc(m, v), qacc(m, v), qacc(m, v));
         qgroup_steps(prefetch_next);  // its first step writes the int16 lanes
         for (int v = 0; v < nv_; ++v) {
-          sub_scale_pairs(t, qword[reg_w + v * lanes_]);
+          sub_scale_pairs(t, qword[reg_w + sv(v) * lanes_]);
           for (int m = 0; m < mr_; ++m) {
             vpmaddwd(qacc(m, v), qacc(m, v), t);
             vpaddd(qacc(m, v), qacc(m, v), vmem(rsp + qw_part_slot(m, v)));
@@ -738,11 +732,11 @@ class GemmGenerator : public JitGenerator {
         }
         if (qgb_) {  // the strip_cols() sub-biases: one ymm, or (tail strips) a qword a vector
           lea(reg_k, ptr[reg_sg * 8]);
-          if (nv_ == kStripVecs) {
+          if (sv_ == kStripVecs) {
             vmovdqu(t, yword[reg_w + strip_cols()]);
             vmovdqu(yword[rsp + reg_k * 4 + ql_bias_slot()], t);
-          } else {
-            for (int v = 0; v < nv_; ++v) {
+          } else {  // every vector's, whatever the pass (the pairs below read by strip vector)
+            for (int v = 0; v < sv_; ++v) {
               vmovq(Xmm(t.getIdx()), qword[reg_w + strip_cols() + v * lanes_]);
               vmovq(qword[rsp + reg_k * 4 + ql_bias_slot() + v * lanes_], Xmm(t.getIdx()));
             }
@@ -773,8 +767,8 @@ class GemmGenerator : public JitGenerator {
           add(reg_gsum, arg(offsetof(GemmArgs, a_gsum_ld)));
           for (int v = 0; v < nv_; ++v) {
             const Xmm xm(mbv.getIdx()), xu(u.getIdx());
-            vmovq(xm, qword[reg_k + v * lanes_]);
-            vmovq(xu, qword[reg_k - 32 + v * lanes_]);
+            vmovq(xm, qword[reg_k + sv(v) * lanes_]);
+            vmovq(xu, qword[reg_k - 32 + sv(v) * lanes_]);
             vpunpcklbw(xm, xm, xu);
             vpmovsxbw(mbv, xm);
             for (int m = 0; m < mr_; ++m) {
@@ -791,10 +785,10 @@ class GemmGenerator : public JitGenerator {
         for (int m = 0; m < mr_; ++m)
           with_fp32_acc(m, v, u, [&](const Xmm& fa) {
             vcvtdq2ps(t, vmem(rsp + qw_part_slot(m, v)));
-            vfmadd231ps(fa, t, vmem(reg_sb + v * vec_bytes()));
+            vfmadd231ps(fa, t, vmem(reg_sb + sv(v) * vec_bytes()));
             if (qgb_) {
               vcvtdq2ps(qacc(m, v), qacc(m, v));
-              vfmadd231ps(fa, qacc(m, v), vmem(reg_sb + (nv_ + v) * vec_bytes()));
+              vfmadd231ps(fa, qacc(m, v), vmem(reg_sb + (sv_ + sv(v)) * vec_bytes()));
             }
           });
       dec(reg_gc);
@@ -1035,8 +1029,9 @@ class GemmGenerator : public JitGenerator {
     }
     const bool first = first_step_ && u == 0;
     if (qgs2_) {  // avx2, 2 rows: each code vector decoded once for both rows (ymm 8, 15: the rows'
-      // broadcasts; 12: codes; 13: |codes|; 14: products; 9 ones, 10 table, 11 mask)
-      const Xmm b[2] = {vreg(8), vreg(15)};
+      // broadcasts; 12: codes; 13: |codes|; 14: products; 9 ones, 10 table, 11 mask). Half-strip
+      // tiles (int16-lane folds: no ones, no table) keep rows 2 and 3 in ymm 9 and 10.
+      const Xmm b[4] = {vreg(8), vreg(15), vreg(9), vreg(10)};
       const Xmm w = vreg(12), wa = vreg(13), t = vreg(14);
       for (int m = 0; m < mr_; ++m) vpbroadcastd(b[m], dword[a_row(m) + 4 * u]);
       for (int v = 0; v < nv_; ++v) {
@@ -1912,7 +1907,7 @@ class GemmGenerator : public JitGenerator {
   // Bytes of vector v at K step u. For 4-bit weights, the byte block shared by steps 2p, 2p+1.
   Address weight_mem(int v, int u) const {
     const int woff = nib_ ? (u / 2) * strip_k4_bytes() : u * strip_k4_bytes();
-    return vmem(reg_w + woff + v * vstride_ * vec_bytes());
+    return vmem(reg_w + woff + sv(v) * vec_bytes());
   }
 
   // The format's decode step: int8 weights of vector v at K step u into `dst` (4-bit: the nibble
@@ -2008,9 +2003,9 @@ class GemmGenerator : public JitGenerator {
           vpsubd(acc(m, v), acc(m, v), asum8);
           vpslld(acc(m, v), acc(m, v), 4);
         }
-        if (vnni_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + v * vstride_ * vec_bytes()));
+        if (vnni_) vpsubd(acc(m, v), acc(m, v), vmem(reg_comp + sv(v) * vec_bytes()));
         vcvtdq2ps(acc(m, v), acc(m, v));
-        vmulps(t, s, vmem(reg_wscale + v * vstride_ * vec_bytes()));
+        vmulps(t, s, vmem(reg_wscale + sv(v) * vec_bytes()));
         vmulps(acc(m, v), t, acc(m, v));
       }
     }
@@ -2031,7 +2026,7 @@ class GemmGenerator : public JitGenerator {
   void store_rows() {
     for (int m = 0; m < mr_; ++m) {
       out_row_ptr(reg_tmp, m);
-      for (int v = 0; v < nv_; ++v) vmovups(vmem(reg_tmp + v * vstride_ * vec_bytes()), acc(m, v));
+      for (int v = 0; v < nv_; ++v) vmovups(vmem(reg_tmp + sv(v) * vec_bytes()), acc(m, v));
     }
   }
 
@@ -2044,9 +2039,9 @@ class GemmGenerator : public JitGenerator {
       out_row_ptr(reg_tmp, m);
       vbroadcastss(wgt, dword[reg_tmp2 + m * 4]);
       for (int v = 0; v < nv_; ++v) {
-        vmovups(o, vmem(reg_tmp + v * vstride_ * vec_bytes()));
+        vmovups(o, vmem(reg_tmp + sv(v) * vec_bytes()));
         vfmadd231ps(o, wgt, acc(m, v));  // o = w * y + o
-        vmovups(vmem(reg_tmp + v * vstride_ * vec_bytes()), o);
+        vmovups(vmem(reg_tmp + sv(v) * vec_bytes()), o);
       }
     }
   }
@@ -2098,7 +2093,7 @@ class GemmGenerator : public JitGenerator {
         vdivps(g, g, p);
         if (sw & kSwigluAlpha) vaddps(u, u, cpool(c_one_));
         vmulps(g, g, u);
-        vmovups(vmem(reg_tmp + v * vec_bytes()), g);
+        vmovups(vmem(reg_tmp + sv(v) * vec_bytes()), g);
       }
     }
   }
@@ -2191,6 +2186,7 @@ class GemmGenerator : public JitGenerator {
   const int sv_;      // vectors of the strip (KernelKey::n_vec)
   const bool half_;   // 4-row tiles over half strips (kHalfStrips, jit/gemm.hpp half_strip_kernel)
   int vstride_ = 1;   // strip vectors from one tile vector to the next (half strips: 2)
+  int p_ = 0;         // the half-strip pass: strip vector of tile vector 0
   // its constants, loaded at each group start: one row, ymm 13 and 7 (free beside acc 0-3, group
   // sums 8-11, broadcast 12); two rows, ymm 8 and 9 (group sums 0-7, the fp32 accumulators on
   // the stack, broadcasts 12-13, decode 14, fold 15)

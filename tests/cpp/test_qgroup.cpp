@@ -212,16 +212,22 @@ struct Acts {
   int64_t ld_rows;
 };
 
-// All M rows over all strips as the executor runs them: prefill blocks + a decode remainder,
-// full strips then the tail strip.
+// All M rows over all strips as the executor runs them: its tile tier where it has one (avx2
+// half-strip tiles of the int16-lane folds), prefill blocks + a decode remainder, full strips
+// then the tail strip.
 void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<float*>& out_rows,
              const std::vector<float>& rw, bool use_ref, std::vector<std::string>* names) {
   const auto& l = pk.layout;
   const int max_rows = gemm_max_rows(p.isa, WeightFormat::qgroup);
   const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, p.epi);
+  const GemmKernelSet ks =
+      make_gemm_kernel_set(p.isa, WeightFormat::qgroup, p.epi, l.tail_vecs,
+                           key_for(p, KernelKind::gemm_prefill, 1, 4).variant, false);
+  const bool halves = ks.tile_rows && half_strip_kernel(ks.tile_full) && p.M >= ks.tile_rows;
   auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
-                  int64_t blocks) {
-    const KernelKey key = key_for(p, kind, m_r, nv);
+                  int64_t blocks, uint16_t extra = 0) {
+    KernelKey key = key_for(p, kind, m_r, nv);
+    key.variant |= extra;
     GemmArgs args{};
     args.a = x.a.data() + row0 * x.lda;
     args.lda = x.lda;
@@ -253,9 +259,13 @@ void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<floa
     const int nv = part ? l.tail_vecs : l.strip_vecs;
     if (ns == 0) continue;
     int64_t row = 0;
-    if (p.M > max_rows) {
-      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, 0, p.M / max_rows);
-      row = p.M / max_rows * max_rows;
+    if (halves) {
+      call(KernelKind::gemm_prefill, ks.tile_rows, nv, s0, ns, 0, p.M / ks.tile_rows, kHalfStrips);
+      row = p.M / ks.tile_rows * ks.tile_rows;
+    }
+    if (p.M - row > max_rows) {
+      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, (p.M - row) / max_rows);
+      row += (p.M - row) / max_rows * max_rows;
     }
     if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
   }
@@ -489,6 +499,11 @@ TEST(QGroup, LaneFoldMatchesReference) {
   EXPECT_GE(test::count_containing(names, "qg4u0iwls_avx2_m2"), 3u);
   EXPECT_GE(test::count_containing(names, "qg4bu0iwls_avx2_m2"), 3u);
   EXPECT_GE(test::count_containing(names, "qg4bu0iwls_avx2_m1"), 6u);
+  // half-strip tiles (4 rows, two passes): full strips and tails, with and without a bias
+  for (const char* n : {"qg4u0iwls_avx2_m4n32_store_halves", "qg4bu0iwls_avx2_m4n32_siluup_halves",
+                        "qg4bu0iwls_avx2_m4n32_accum_halves", "qg4u0iwls_avx2_m4n8_accum_halves",
+                        "qg4bu0iwls_avx2_m4n16_siluup_halves"})
+    EXPECT_GT(test::count_containing(names, n), 0u) << n;
 }
 
 // Where the layer takes int16-lane folds, and the generator refusing them elsewhere.
