@@ -76,14 +76,19 @@ int main(int argc, char** argv) {
   std::vector<float> as(size_t(M), 0.01f), rw(size_t(M), 0.5f), out(size_t(M * l.total_cols()));
   std::vector<float*> rows;
   for (int64_t m = 0; m < M; ++m) rows.push_back(out.data() + m * l.total_cols());
-  const int mr = gemm_max_rows(isa, fmt);
+  // The executor's half-strip tiles where it runs them (avx2 int4, unless KT_JIT_HALF_STRIPS=0),
+  // else its prefill (or, for M up to a tile, decode) kernel.
+  const GemmKernelSet ks = make_gemm_kernel_set(isa, fmt, epi, 0, 0, K % 2 == 0);
+  const bool halves = ks.tile_rows && half_strip_kernel(ks.tile_full) && M >= ks.tile_rows;
+  const int mr = halves ? ks.tile_rows : gemm_max_rows(isa, fmt);
   KernelKey key;
-  key.kind = M > mr ? KernelKind::gemm_prefill : KernelKind::gemm_decode;
+  key.kind = M > mr || halves ? KernelKind::gemm_prefill : KernelKind::gemm_decode;
   key.isa = isa;
   key.format = fmt;
   key.m_r = uint8_t(M > mr ? mr : M);
   key.n_vec = kStripVecs;
   key.epilogue = epi;
+  if (halves) key.variant = ks.tile_full.variant;
   const Kernel* k = KernelCache::instance().get(key);
   if (!k) return 1;
   GemmArgs args{a.data(),    lda,         w, l.full_strips, l.k4,  as.data(), sc.data(),
@@ -91,7 +96,7 @@ int main(int argc, char** argv) {
   std::vector<int32_t> row_sums(size_t(M), int32_t(l.k));  // Σ_k a of each row (every a is 1)
   args.a_gsum = row_sums.data();
   auto fn = reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()));
-  const int64_t rows_done = M > mr ? M / mr * mr : M;
+  const int64_t rows_done = M >= mr && key.kind == KernelKind::gemm_prefill ? M / mr * mr : M;
   const double ops =
       2.0 * double(rows_done) * double(l.full_strips * l.strip_cols(4)) * double(l.padded_k());
   std::vector<double> t;
