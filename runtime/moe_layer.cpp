@@ -381,9 +381,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant =
         uint16_t(variant | kStripScratch);  // + SwiGLU bits
-  } else if (isa == IsaLevel::avx2 && half_strips &&
-             (fmt == WeightFormat::int4 ||
-              (fmt == WeightFormat::qgroup && (variant & kQGroupLaneFold)))) {
+  } else if (isa == IsaLevel::avx2 && half_strips && half_strip_format(fmt, variant)) {
     // Half-strip tiles (jit/gemm.hpp half_strip_kernel): 4 rows x 2 vectors of int16 lanes, two
     // passes per strip, so each nibble vector is decoded once for 4 rows. An L1-resident loop of
     // their K steps ran 1.07-1.08x the 2-row tile's on Zen 3 (docs/BENCHMARKS.md); the remainder

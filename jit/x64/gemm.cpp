@@ -268,6 +268,14 @@ class GemmGenerator : public JitGenerator {
   Xmm qmask() const { return vnni_ ? vreg(30) : zmm_isa() ? vreg(25) : vreg(11); }
   Xmm qzero() const { return vreg(26); }
   Xmm qones() const { return zmm_isa() ? vreg(27) : vreg(9); }
+  // d = vpmaddwd(s, 16-bit ones): the lanes' widening, with qones(), or the ones from memory in
+  // half-strip tiles, whose third row's broadcast takes ymm 9.
+  void widen_lanes(const Xmm& d, const Xmm& s) {
+    if (half_)
+      vpmaddwd(d, s, cpool(c_ones16_));
+    else
+      vpmaddwd(d, s, qones());
+  }
   // fp8: the group scale table walks with rax through the K loop; rdx counts a group's steps.
   const Reg64 reg_gs = rax;
   const Reg64 reg_gk = rdx;
@@ -557,7 +565,7 @@ class GemmGenerator : public JitGenerator {
         vbroadcasti128(Ymm(qlut().getIdx()), ptr[reg_tmp]);
       vmovups(qmask(), cpool(c_0f_));
     }
-    if (!vnni_ && !qgf_ && !qgl_) vmovups(qones(), cpool(c_ones16_));
+    if (!vnni_ && !qgf_ && !qgl_ && !half_) vmovups(qones(), cpool(c_ones16_));
     if (!vnni_ && zmm_isa()) vpxord(qzero(), qzero(), qzero());
   }
 
@@ -827,7 +835,7 @@ class GemmGenerator : public JitGenerator {
   // exactly, or two-level float(sub) * factor (exact: the one-level fp32 scale).
   void qgroup_scale_vector(const Xmm& t, int v, int b) {
     if (qgh_) {
-      const RegExp h = reg_w + (b * strip_cols() + v * lanes_) * 2;
+      const RegExp h = reg_w + (b * strip_cols() + sv(v) * lanes_) * 2;
       const Address half = zmm_isa() ? Address(yword[h]) : Address(xword[h]);
       if (qgh_ == 1) {
         vcvtph2ps(t, half);
@@ -837,13 +845,13 @@ class GemmGenerator : public JitGenerator {
       }
       return;
     }
-    const RegExp sub = reg_w + b * strip_cols() + v * lanes_;
+    const RegExp sub = reg_w + b * strip_cols() + sv(v) * lanes_;
     if (zmm_isa())
       vpmovsxbd(t, xword[sub]);
     else
       vpmovsxbd(t, qword[sub]);
     vcvtdq2ps(t, t);
-    vmulps(t, t, vmem(reg_sb + (b * nv_ + v) * vec_bytes()));
+    vmulps(t, t, vmem(reg_sb + (b * sv_ + sv(v)) * vec_bytes()));
   }
 
   // t = fma(scale_g, float(acc_g), t); t = fma(bias_g, float(s_g), t); VNNI: acc_g -= 128 * s_g
@@ -853,7 +861,7 @@ class GemmGenerator : public JitGenerator {
   void qgroup_group_end(bool prefetch_next) {
     if (qgw_) {  // the int16 lanes' sums in int32, plus the parts a long group widened on the way
       for (int m = 0; m < mr_; ++m)
-        for (int v = 0; v < nv_; ++v) vpmaddwd(qacc(m, v), qacc(m, v), qones());
+        for (int v = 0; v < nv_; ++v) widen_lanes(qacc(m, v), qacc(m, v));
       Label whole;
       cmp(arg(offsetof(GemmArgs, g_steps)), formats::kQGroupI16Steps);
       jle(whole, T_NEAR);
@@ -895,8 +903,8 @@ class GemmGenerator : public JitGenerator {
             vfmadd231ps(fa, qacc(m, v), sc);
             if (qgb_) vfmadd231ps(fa, qend_tmp(m), bi);
           } else {
-            vfmadd231ps(fa, qacc(m, v), vmem(reg_w + v * vec_bytes()));
-            if (qgb_) vfmadd231ps(fa, qend_tmp(m), vmem(reg_w + (nv_ + v) * vec_bytes()));
+            vfmadd231ps(fa, qacc(m, v), vmem(reg_w + sv(v) * vec_bytes()));
+            if (qgb_) vfmadd231ps(fa, qend_tmp(m), vmem(reg_w + (sv_ + sv(v)) * vec_bytes()));
           }
         });
     }
@@ -919,7 +927,10 @@ class GemmGenerator : public JitGenerator {
     auto widen = [&] {
       for (int m = 0; m < mr_; ++m)
         for (int v = 0; v < nv_; ++v)
-          widen_int16_sums(qacc(m, v), qones(), rsp + qw_part_slot(m, v), qend_tmp(0));
+          if (half_)
+            widen_int16_sums(qacc(m, v), cpool(c_ones16_), rsp + qw_part_slot(m, v), qend_tmp(0));
+          else
+            widen_int16_sums(qacc(m, v), qones(), rsp + qw_part_slot(m, v), qend_tmp(0));
     };
     mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
     if (qgw_ && !qgl_) {  // int16 lanes: kQGroupI16Steps steps, then (group not done) widen
@@ -1030,7 +1041,7 @@ class GemmGenerator : public JitGenerator {
     const bool first = first_step_ && u == 0;
     if (qgs2_) {  // avx2, 2 rows: each code vector decoded once for both rows (ymm 8, 15: the rows'
       // broadcasts; 12: codes; 13: |codes|; 14: products; 9 ones, 10 table, 11 mask). Half-strip
-      // tiles (int16-lane folds: no ones, no table) keep rows 2 and 3 in ymm 9 and 10.
+      // tiles (identity tables: no table; their ones from memory) keep rows 2 and 3 in ymm 9, 10.
       const Xmm b[4] = {vreg(8), vreg(15), vreg(9), vreg(10)};
       const Xmm w = vreg(12), wa = vreg(13), t = vreg(14);
       for (int m = 0; m < mr_; ++m) vpbroadcastd(b[m], dword[a_row(m) + 4 * u]);

@@ -453,8 +453,13 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
       EXPECT_GE(test::count_containing(names, "u8i"), 4u) << isa_name(isa);  // Q4_0-like table
       EXPECT_GE(test::count_containing(names, "u0i"), 4u) << isa_name(isa);  // Q4_K-like table
     }
-    // int32 super-block folds ran at avx2, 1 and 2-row tiles, tails included
+    // int32 super-block folds ran at avx2, 1 and 2-row tiles, tails included; half-strip tiles of
+    // the identity int16 sums without a bias (Q4_0-like u8, u0), with fp32, fp16 and bf16 scales
+    // (two-level ones and long groups: HalfStripTilesMatchReference)
     if (isa == IsaLevel::avx2) {
+      for (const char* n : {"u8iw_avx2_m4", "u0iw_avx2_m4", "iwh16_avx2_m4", "iwhbf_avx2_m4"})
+        EXPECT_GT(test::count_containing(names, n), 0u) << n;
+      EXPECT_EQ(test::count_containing(names, "bu8iw_avx2_m4"), 0u);  // a bias: 2-row tiles
       EXPECT_GE(test::count_containing(names, "qg8fs_avx2_m2"), 3u);
       EXPECT_GE(test::count_containing(names, "qg8fs_avx2_m1"), 6u);
     }
@@ -641,6 +646,50 @@ TEST(QGroup, Int16SumsWidenInLongGroups) {
         }
   }
   if (ran == 0) GTEST_SKIP() << "this CPU runs no level below VNNI";
+}
+
+// avx2 half-strip tiles (4 rows, two passes of 2 vectors) of the identity int16 group sums
+// without a bias, as the executor runs them from 4 rows: Q4_0-like (fp32 and fp16 scales),
+// RAWINT4 / GPTQ-like long groups (bf16 scales, lanes widened every 8 steps, at their bound on
+// some), and Q3_K-like two-level scales (G 16); bit for bit against the twin (check_problem).
+TEST(QGroup, HalfStripTilesMatchReference) {
+  const auto levels = test::kernel_test_levels();
+  if (std::find(levels.begin(), levels.end(), IsaLevel::avx2) == levels.end())
+    GTEST_SKIP() << "this CPU runs no avx2 kernels";
+  struct Case {
+    int64_t G, K, super;
+    int half;
+    const char* name;  // of the tile that must have run
+  };
+  const Case cases[] = {{32, 256, 0, 0, "qg4u8iw_avx2_m4"},
+                        {32, 96, 0, 1, "qg4u8iwh16_avx2_m4"},
+                        {128, 384, 0, 2, "qg4u8iwhbf_avx2_m4"},
+                        {64, 192, 0, 0, "qg4u8iw_avx2_m4"},
+                        {16, 256, 16, 0, "qg4u8iws_avx2_m4"}};
+  uint32_t seed = 9000;  // seed % 4 == 0: the q - 8 table (c0 8)
+  std::vector<std::string> names;
+  for (const Case& c : cases)
+    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+      for (int64_t M : {4, 5, 7, 13})
+        for (int64_t N : {40, 100}) {
+          Problem p{IsaLevel::avx2, epi, true, false, M, N, c.K, c.G, seed};
+          seed += 4;
+          p.offset = p.ident = true;
+          p.super = c.super;
+          p.half = c.half;
+          p.extreme = (seed / 4) % 3 == 0;
+          ASSERT_EQ(p.c0(), 8);
+          p.words = formats::qgroup_int16_sums(p.spec(), p.c0());
+          ASSERT_TRUE(p.words) << p.repro();
+          check_problem(p, &names);
+          if (HasFatalFailure()) return;
+        }
+  for (const Case& c : cases)
+    EXPECT_GT(test::count_containing(names, std::string(c.name) + "n32_accum_halves"), 0u)
+        << c.name;
+  // tail strips: gate/up of 2 vectors, and down of 1
+  EXPECT_GT(test::count_containing(names, "_m4n16_siluup_halves"), 0u);
+  EXPECT_GT(test::count_containing(names, "_m4n8_accum_halves"), 0u);
 }
 
 // Where a group's int16 lanes cannot overflow: (G / 2) * max(code + c0) * 127 <= 32767.
