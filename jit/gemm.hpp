@@ -146,17 +146,20 @@ constexpr int kInt4SumSteps = 8;  // K steps summed in int16 lanes (4 k each)
 inline bool int4_offset_nibbles(IsaLevel isa, WeightFormat fmt) {
   return int4_int16_sums(isa, fmt);
 }
-// avx2 prefill tiles of kHalfStripRows rows run as two passes of 2 vectors (kHalfStrips), for the
-// kernels whose K steps add int16 lanes of identity nibbles: int4, the qgroup int16-lane folds
-// (Q4_K, Q2_K), and the int16 group sums of identity tables without a bias (Q4_0, Q3_K, RAWINT4,
-// GPTQ_INT4; a bias's group end needs more registers than 4 rows leave). The executor's tile tier
-// from that many rows on (runtime/moe_layer.cpp make_gemm_kernel_set).
+// avx2 prefill tiles of kHalfStripRows rows run as two passes of 2 vectors (kHalfStrips), where
+// the decode of a code vector is shared by the tile's rows: int4, the qgroup int16-lane folds
+// (Q4_K, Q2_K), the int16 group sums of identity tables without a bias (Q4_0, Q3_K, RAWINT4,
+// GPTQ_INT4) and the sign-step kernels without a bias (Q8_0, IQ4_NL, IQ4_XS: |code| and the table
+// lookup shared). A bias's group end needs more registers than 4 rows leave. The executor's tile
+// tier from that many rows on (runtime/moe_layer.cpp make_gemm_kernel_set).
 constexpr int kHalfStripRows = 4;
 inline bool half_strip_format(WeightFormat fmt, uint16_t variant) {
   if (fmt == WeightFormat::int4) return true;
   if (fmt != WeightFormat::qgroup) return false;
-  return (variant & kQGroupLaneFold) || ((variant & kQGroupI16) && (variant & kQGroupIdentity) &&
-                                         !(variant & kQGroupBias) && !(variant & kQGroupIntFold));
+  if (variant & kQGroupLaneFold) return true;
+  if ((variant & kQGroupBias) || (variant & kQGroupIntFold)) return false;
+  // identity int16 sums, or the sign step (no offset: Q8_0, IQ4_NL, IQ4_XS)
+  return ((variant & kQGroupI16) && (variant & kQGroupIdentity)) || !(variant & kQGroupOffset);
 }
 inline bool half_strip_kernel(const KernelKey& key) {
   return (key.variant & kHalfStrips) && half_strip_format(key.format, key.variant);

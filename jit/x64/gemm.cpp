@@ -264,8 +264,11 @@ class GemmGenerator : public JitGenerator {
   Xmm qbcast() const { return vnni_ ? vreg(28) : zmm_isa() ? vreg(20) : vreg(8); }
   Xmm qneg() const { return vreg(21); }
   Xmm qtmp(int i) const { return vnni_ ? vreg(31) : zmm_isa() ? vreg(22 + (i & 1)) : qs(i); }
-  Xmm qlut() const { return vnni_ ? vreg(29) : zmm_isa() ? vreg(24) : vreg(10); }
+  // avx2 half-strip tiles: rows 2 and 3 broadcast into ymm 9 and 10, so a table moves to ymm 11
+  // and the nibble mask and the ones come from memory (qmask_in_memory, widen_lanes).
+  Xmm qlut() const { return vnni_ ? vreg(29) : zmm_isa() ? vreg(24) : half_ ? vreg(11) : vreg(10); }
   Xmm qmask() const { return vnni_ ? vreg(30) : zmm_isa() ? vreg(25) : vreg(11); }
+  bool qmask_in_memory() const { return half_ && qg4_ && !qgi_; }
   Xmm qzero() const { return vreg(26); }
   Xmm qones() const { return zmm_isa() ? vreg(27) : vreg(9); }
   // d = vpmaddwd(s, 16-bit ones): the lanes' widening, with qones(), or the ones from memory in
@@ -558,6 +561,10 @@ class GemmGenerator : public JitGenerator {
     if (qg4_ && qgi_) vmovups(qmask(), cpool(c_0f_));  // the nibble is the code: no table
     if (qg4_ && !qgi_) {
       mov(reg_tmp, arg(offsetof(GemmArgs, lut)));
+      if (qmask_in_memory()) {
+        vbroadcasti128(Ymm(qlut().getIdx()), ptr[reg_tmp]);
+        return;  // the sign path's ones come from memory too
+      }
       if (zmm_isa())
         vbroadcasti32x4(Zmm(qlut().getIdx()),
                         ptr[reg_tmp]);  // the 16-entry table in every 128-bit lane
@@ -993,7 +1000,11 @@ class GemmGenerator : public JitGenerator {
         vpandd(dst, dst, qmask());
       }
     } else {
-      if (u % 2 == 0) {
+      if (qmask_in_memory()) {
+        vmovdqu(dst, mem);
+        if (u % 2) vpsrlw(dst, dst, 4);
+        vpand(dst, dst, cpool(c_0f_));
+      } else if (u % 2 == 0) {
         vpand(dst, qmask(), mem);
       } else {
         vmovdqu(dst, mem);
@@ -1011,7 +1022,7 @@ class GemmGenerator : public JitGenerator {
       vpaddw(acc, acc, t);
       return;
     }
-    vpmaddwd(t, t, qones());
+    widen_lanes(t, t);
     vpaddd(acc, acc, t);
   }
   // vpmaddubsw(src1 unsigned, src2 signed) into the group accumulator through `t`. The group's
@@ -1024,7 +1035,7 @@ class GemmGenerator : public JitGenerator {
     }
     vpmaddubsw(t, src1, src2);
     if (first)
-      vpmaddwd(acc, t, qones());
+      widen_lanes(acc, t);
     else
       qgroup_add_pairs(acc, t);
   }

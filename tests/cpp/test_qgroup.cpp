@@ -455,9 +455,11 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
     }
     // int32 super-block folds ran at avx2, 1 and 2-row tiles, tails included; half-strip tiles of
     // the identity int16 sums without a bias (Q4_0-like u8, u0), with fp32, fp16 and bf16 scales
-    // (two-level ones and long groups: HalfStripTilesMatchReference)
+    // (two-level ones and long groups: HalfStripTilesMatchReference), and of the sign step
+    // (Q8_0 / IQ4-like: bytes, and nibbles through a table, one- and two-level scales)
     if (isa == IsaLevel::avx2) {
-      for (const char* n : {"u8iw_avx2_m4", "u0iw_avx2_m4", "iwh16_avx2_m4", "iwhbf_avx2_m4"})
+      for (const char* n : {"u8iw_avx2_m4", "u0iw_avx2_m4", "iwh16_avx2_m4", "iwhbf_avx2_m4",
+                            "_qg8_avx2_m4", "_qg4_avx2_m4", "_qg4s_avx2_m4", "_qg8h16_avx2_m4"})
         EXPECT_GT(test::count_containing(names, n), 0u) << n;
       EXPECT_EQ(test::count_containing(names, "bu8iw_avx2_m4"), 0u);  // a bias: 2-row tiles
       EXPECT_GE(test::count_containing(names, "qg8fs_avx2_m2"), 3u);
