@@ -95,11 +95,12 @@ constexpr uint16_t kQGroupIntFold = 0x1000;
 // Requires kQGroupNibbles | kQGroupSuper | kQGroupOffset (c0 = 0) | kQGroupI16 | kQGroupIdentity.
 constexpr uint16_t kQGroupLaneFold = 0x2000;
 
-// KernelKey::variant bit of avx2 int4 prefill tiles of 4 rows (jit/gemm.hpp half_strip_kernel):
-// the kernel runs each 4-vector strip in two passes of 2 vectors (p and p + 2, so a pass holds a
-// gate vector and its up vector), 4 rows x 2 vectors of int16 lanes with the 4 rows' activations
-// broadcast once per K step. Each nibble vector is decoded once for 4 rows instead of 2: the
-// same integer sums and epilogue, so the same bits as the 2-row tile.
+// KernelKey::variant bit of avx2 prefill tiles of 4 rows for int4 and some qgroup kernels
+// (jit/gemm.hpp half_strip_format / half_strip_kernel): the kernel runs each 4-vector strip in
+// two passes of 2 vectors (p and p + 2, so a pass holds a gate vector and its up vector), 4 rows
+// x 2 vectors of sums with the 4 rows' activations broadcast once per K step. Each code vector is
+// decoded once for 4 rows instead of 2: the same integer sums and epilogue, so the same bits as
+// the 2-row tile.
 constexpr uint16_t kHalfStrips = 0x4000;
 
 // KernelKey::variant bit of kernels at avx512_bf16 that take bf16 activation pairs and multiply

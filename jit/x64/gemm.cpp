@@ -156,9 +156,9 @@ class GemmGenerator : public JitGenerator {
                                   std::string(isa_name(key.isa)));
     if ((key.variant & kHalfStrips) &&
         (!half_ || key.isa != IsaLevel::avx2 || !prefill_ || mr_ != kHalfStripRows))
-      throw std::invalid_argument("gemm: half-strip tiles are avx2 prefill tiles of " +
-                                  std::to_string(kHalfStripRows) +
-                                  " rows for int4 and int16-lane folds: " + key.describe());
+      throw std::invalid_argument(
+          "gemm: half-strip tiles are avx2 prefill tiles of " + std::to_string(kHalfStripRows) +
+          " rows for int4 and the qgroup kernels of half_strip_format: " + key.describe());
     // strip-scratch kernels run the bf16 microkernel, so they take its tile
     const int max_rows =
         half_ ? kHalfStripRows : gemm_max_rows(key.isa, sfma_ ? WeightFormat::bf16 : key.format);
@@ -1052,7 +1052,8 @@ class GemmGenerator : public JitGenerator {
     const bool first = first_step_ && u == 0;
     if (qgs2_) {  // avx2, 2 rows: each code vector decoded once for both rows (ymm 8, 15: the rows'
       // broadcasts; 12: codes; 13: |codes|; 14: products; 9 ones, 10 table, 11 mask). Half-strip
-      // tiles (identity tables: no table; their ones from memory) keep rows 2 and 3 in ymm 9, 10.
+      // tiles keep rows 2 and 3 in ymm 9 and 10: their ones come from memory, a table sits in 11
+      // and then the mask comes from memory (qlut, qmask_in_memory, widen_lanes).
       const Xmm b[4] = {vreg(8), vreg(15), vreg(9), vreg(10)};
       const Xmm w = vreg(12), wa = vreg(13), t = vreg(14);
       for (int m = 0; m < mr_; ++m) vpbroadcastd(b[m], dword[a_row(m) + 4 * u]);

@@ -689,6 +689,17 @@ TEST(QGroup, HalfStripTilesMatchReference) {
   for (const Case& c : cases)
     EXPECT_GT(test::count_containing(names, std::string(c.name) + "n32_accum_halves"), 0u)
         << c.name;
+  // A bias (Q4_1-like) or an int32 fold keeps 2-row tiles: the generator refuses the bit there.
+  for (bool fold : {false, true}) {
+    Problem p{IsaLevel::avx2, Epilogue::store, !fold, !fold, 8, 64, 256, fold ? 16 : 32, 1};
+    p.offset = p.words = p.ident = !fold;
+    p.fold = fold;
+    p.super = fold ? 16 : 0;
+    KernelKey k = key_for(p, KernelKind::gemm_prefill, 4, 4);
+    k.variant |= kHalfStrips;
+    EXPECT_FALSE(half_strip_kernel(k)) << k.describe();
+    EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument) << k.describe();
+  }
   // tail strips: gate/up of 2 vectors, and down of 1
   EXPECT_GT(test::count_containing(names, "_m4n16_siluup_halves"), 0u);
   EXPECT_GT(test::count_containing(names, "_m4n8_accum_halves"), 0u);
