@@ -28,23 +28,26 @@ constexpr int kBf16PairMinRows = 12;
 // block plus a decode remainder), so padding the last block is the cheaper way.
 constexpr int kNeonBf16PairMinRows = 6;
 
+// An on/off environment switch: unset or "1" is on, "0" off, anything else an error naming it.
+bool env_switch_on(const char* name) {
+  const char* e = std::getenv(name);
+  if (!e || !std::strcmp(e, "1")) return true;
+  if (!std::strcmp(e, "0")) return false;
+  throw std::invalid_argument(std::string(name) + " must be 0 or 1, got '" + e + "'");
+}
+
 // KT_JIT_QGROUP_FOLDS=0 keeps the per-group fp32 order at avx2 too: no int32 (kQGroupIntFold) or
 // int16-lane (kQGroupLaneFold) super-block folds, so every level's kernels give the same result
 // bits; read when a layer is built. Unset or 1: the folds where the codes allow them.
 bool qgroup_folds_allowed() {
-  const char* e = std::getenv("KT_JIT_QGROUP_FOLDS");
-  if (!e || !std::strcmp(e, "1")) return true;
-  if (!std::strcmp(e, "0")) return false;
-  throw std::invalid_argument(std::string("KT_JIT_QGROUP_FOLDS must be 0 or 1, got '") + e + "'");
+  return env_switch_on("KT_JIT_QGROUP_FOLDS");
 }
 
-// KT_JIT_HALF_STRIPS=0 turns the avx2 int4 half-strip tiles off (jit/kernel.hpp kHalfStrips):
-// prefill then runs 2-row tiles only. The same bits either way; read when a kernel set is made.
+// KT_JIT_HALF_STRIPS=0 turns the avx2 half-strip tiles off (jit/kernel.hpp kHalfStrips,
+// jit/gemm.hpp half_strip_format): prefill then runs 2-row tiles only. The same bits either way;
+// read when a kernel set is made.
 bool half_strips_allowed() {
-  const char* e = std::getenv("KT_JIT_HALF_STRIPS");
-  if (!e || !std::strcmp(e, "1")) return true;
-  if (!std::strcmp(e, "0")) return false;
-  throw std::invalid_argument(std::string("KT_JIT_HALF_STRIPS must be 0 or 1, got '") + e + "'");
+  return env_switch_on("KT_JIT_HALF_STRIPS");
 }
 
 // qgroup offset codes (jit/kernel.hpp kQGroupOffset) at avx2, for 4-bit tables that allow them:
@@ -382,10 +385,11 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_full.variant = ks.tile_tail.variant =
         uint16_t(variant | kStripScratch);  // + SwiGLU bits
   } else if (isa == IsaLevel::avx2 && half_strips && half_strip_format(fmt, variant)) {
-    // Half-strip tiles (jit/gemm.hpp half_strip_kernel): 4 rows x 2 vectors of int16 lanes, two
-    // passes per strip, so each nibble vector is decoded once for 4 rows. An L1-resident loop of
-    // their K steps ran 1.07-1.08x the 2-row tile's on Zen 3 (docs/BENCHMARKS.md); the remainder
-    // of 1-3 rows takes the 2-row prefill and the decode tiles.
+    // Half-strip tiles (jit/gemm.hpp half_strip_format): 4 rows x 2 vectors, two passes per
+    // strip, so each code vector is decoded (masked, looked up, |code|) once for 4 rows. An
+    // L1-resident loop of int4's K steps ran 1.07-1.08x the 2-row tile's on Zen 3, the layers
+    // 1.02-1.11x (docs/BENCHMARKS.md); the remainder of 1-3 rows takes the 2-row prefill and the
+    // decode tiles.
     ks.tile_rows = ks.tile_min_rows = kHalfStripRows;
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
