@@ -144,8 +144,10 @@ bool qgroup_int_fold(const GroupedSpec& spec) {
 }
 
 bool qgroup_lane_fold(const GroupedSpec& spec) {
-  if (spec.super_group <= 0 || spec.code_bits != 4 || spec.group > 32 || spec.int_fold ||
-      spec.scale_dtype != FloatType::f32 || !qgroup_identity_table(spec, 0))
+  if (spec.super_group <= 0 || spec.group > 32 || spec.int_fold ||
+      spec.scale_dtype != FloatType::f32)
+    return false;
+  if (spec.code_bits == 4 ? !qgroup_identity_table(spec, 0) : spec.code_lo < 0 || spec.code_hi > 32)
     return false;
   const int64_t groups = spec.super_group / spec.group;
   return groups % 2 == 0 && groups <= kQGroupLaneMaxGroups;

@@ -140,12 +140,15 @@ bool qgroup_int16_sums(const GroupedSpec& spec, int c0);
 bool qgroup_int_fold(const GroupedSpec& spec);
 
 // Whether the layer may take int16-lane super-block folds at avx2 (jit/kernel.hpp
-// kQGroupLaneFold): two-level scales over 4-bit codes that are their own nibbles (the identity
-// table without an offset: Q4_K, Q2_K), groups of at most 32 k (so a group's int16 lanes never
-// widen on the way: 16 products of <= 15 * 127), and an even number of at most
-// kQGroupLaneMaxGroups groups per super block (the bias sums pair two groups' s_g, each
-// |s_g| <= 32 * 127, in int16). The int32 sums then stay below 2^31 with any int8 sub-scales.
+// kQGroupLaneFold): two-level scales over codes stored as they are (no offset), groups of at most
+// 32 k, and an even number of at most kQGroupLaneMaxGroups groups per super block (the bias sums
+// pair two groups' s_g, each |s_g| <= 32 * 127, in int16). The codes are either 4-bit nibbles that
+// are their own value (the identity table: Q4_K, Q2_K), whose lanes take a whole group (16
+// products of <= 15 * 127), or bytes in [0, 32] (Q5_K), whose lanes are folded every
+// kQGroupByteLaneSteps K steps (8 products of <= 32 * 127 = 32512). The int32 sums then stay below
+// 2^31 with any int8 sub-scales.
 constexpr int kQGroupLaneMaxGroups = 16;
+constexpr int kQGroupByteLaneSteps = 4;
 bool qgroup_lane_fold(const GroupedSpec& spec);
 
 // Whether the nibble table plus `offset` is 0, 1, ..., 15 (jit/kernel.hpp kQGroupIdentity).

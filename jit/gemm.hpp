@@ -320,6 +320,9 @@ inline uint8_t qgroup_offset_variant(int c0) {
 inline int qgroup_half_scales(const KernelKey& key) {
   return key.variant & kQGroupF16 ? 1 : key.variant & kQGroupBf16 ? 2 : 0;
 }
+// qgroup kQGroupI16 keys: the K steps an int16 lane sums before it is widened or folded into int32
+// (formats::kQGroupI16Steps, or kQGroupByteLaneSteps for the byte codes' int16-lane folds).
+int qgroup_lane_steps(const KernelKey& key);
 // qgroup: whether the kernels read GemmArgs::a_gsum (the VNNI offset, the bias term, or the
 // offset codes' c0 * s_g).
 inline bool qgroup_needs_gsum(const KernelKey& key) {

@@ -105,6 +105,12 @@ int gemm_max_rows(IsaLevel isa, WeightFormat fmt) {
   return isa == IsaLevel::avx2 ? 3 : 6;
 }
 
+int qgroup_lane_steps(const KernelKey& key) {
+  return (key.variant & kQGroupLaneFold) && !(key.variant & kQGroupNibbles)
+             ? formats::kQGroupByteLaneSteps
+             : formats::kQGroupI16Steps;
+}
+
 namespace {
 constexpr float kLog2e = 1.44269504089f;
 constexpr float kC1 = 0.9999999995f, kC2 = 0.6931471805f, kC3 = 0.2402265069f, kC4 = 0.0555041087f,
@@ -204,7 +210,7 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   const int half = qgroup_half_scales(key);
   // int16 group sums (kQGroupI16): per column two int16 lanes (k pairs j = 0,1 and 2,3 of each
   // step), each step's pair sum saturated to int16 (vpmaddubsw) and added with wrap-around
-  // (vpaddw), the lanes widened into the group's int32 sum every kQGroupI16Steps K steps and at
+  // (vpaddw), the lanes widened into the group's int32 sum every qgroup_lane_steps K steps and at
   // its end
   const bool words = key.variant & kQGroupI16;
   // identity table (kQGroupIdentity): the nibble is the stored code, GemmArgs::lut unread
@@ -224,10 +230,12 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   const int64_t header_bytes =
       super ? int64_t(cols) * 4 * (bias ? 2 : 1) + (fold ? int64_t(cols) * 4 : 0) : 0;
   // int16-lane super-block folds (kQGroupLaneFold): per super block X = sum of sub * (the group's
-  // two int16 lanes, as vpmaddwd adds their products) and, with a bias, Y = sum of sub-bias *
+  // two int16 lanes, as vpmaddwd adds their products, at the group's end and, byte codes, every
+  // qgroup_lane_steps K steps) and, with a bias, Y = sum of sub-bias *
   // int16(s_g), both wrapping as vpaddd; then t = fma(scale factor, float(X), t) and
   // t = fma(bias factor, float(Y), t) once per super block
   const bool lanes = key.variant & kQGroupLaneFold;
+  const int lane_steps = qgroup_lane_steps(key);
   if (lanes && (args.g_steps > formats::kQGroupI16Steps || !(key.variant & kQGroupI16) ||
                 !(key.variant & kQGroupSuper) || args.g_per_super % 2))
     throw std::invalid_argument("gemm_ref: int16-lane folds take groups of <= " +
@@ -302,6 +310,16 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
               args.a_gsum && qgroup_needs_gsum(key) ? args.a_gsum[g * (args.a_gsum_ld / 4) + m] : 0;
           int32_t acc = 0;
           int16_t lane[2] = {0, 0};
+          // the lanes widened into acc (vpmaddwd with ones), or with lane folds multiplied by the
+          // sub-scale (vpmaddwd: both words, exact) into X (vpaddd)
+          const int32_t sub = lanes ? int32_t(gw[code_bytes + n]) : 0;
+          auto lanes_out = [&] {
+            if (lanes)
+              lx += uint32_t(int32_t(lane[0]) * sub + int32_t(lane[1]) * sub);
+            else
+              acc += int32_t(lane[0]) + lane[1];
+            lane[0] = lane[1] = 0;
+          };
           for (int64_t st = 0; st < args.g_steps; ++st)
             for (int j = 0; j < 4; j += 2) {
               int32_t pair = 0;
@@ -322,15 +340,10 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
                     int16_t(uint16_t(lane[j / 2]) + uint16_t(std::clamp(pair, -32768, 32767)));
               else
                 acc += pair;
-              if (words && j == 2 && (st + 1) % formats::kQGroupI16Steps == 0) {
-                acc += int32_t(lane[0]) + lane[1];
-                lane[0] = lane[1] = 0;
-              }
+              if (words && j == 2 && (st + 1) % lane_steps == 0) lanes_out();
             }
-          if (lanes) {  // vpmaddwd of the lanes by the sub-scale (both words), vpaddd
-            // (a group of 8 steps has its lanes in acc already: the words path moved them)
-            const int32_t sub = gw[code_bytes + n];
-            lx += uint32_t((acc + int32_t(lane[0]) + lane[1]) * sub);
+          if (lanes) {  // the lanes' last fold (none left where the steps ended on one)
+            lanes_out();
             if (bias) ly += uint32_t(int32_t(gw[code_bytes + cols + n]) * int32_t(int16_t(gs)));
             if (g % gps == gps - 1) {
               const int8_t* hw = w + (g / gps) * (group_bytes * gps + header_bytes);

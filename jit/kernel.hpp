@@ -85,14 +85,16 @@ constexpr uint16_t kQGroupIdentity = 0x800;
 // a_scale * sum over super blocks of fma(factor, float(exact sum)): fewer roundings than the
 // per-group order, not the same bits (docs/FORMATS.md).
 constexpr uint16_t kQGroupIntFold = 0x1000;
-// Int16-lane super-block folds at avx2 (formats::qgroup_lane_fold: two-level scales over 4-bit
-// identity codes without an offset and groups of at most 32 k, i.e. Q4_K and Q2_K): each group's
-// int16 lanes (kQGroupI16) are multiplied by its int8 sub-scale (vpmaddwd) into the super block's
-// int32 sum X; with a bias, the super block's int32 bias sum Y = sum of sub-bias * s_g is formed
-// at its end from int16 pairs of two groups (vpmaddwd). Then t = fma(scale factor, float(X), t)
-// and t = fma(bias factor, float(Y), t) once per super block: no per-group conversion, scale
-// build or FMA. Fewer roundings than the per-group order, not the same bits (docs/FORMATS.md).
-// Requires kQGroupNibbles | kQGroupSuper | kQGroupOffset (c0 = 0) | kQGroupI16 | kQGroupIdentity.
+// Int16-lane super-block folds at avx2 (formats::qgroup_lane_fold: two-level scales over codes
+// without an offset and groups of at most 32 k: 4-bit identity codes, i.e. Q4_K and Q2_K, or bytes
+// in [0, 32], i.e. Q5_K): the int16 lanes (kQGroupI16) are multiplied by the group's int8
+// sub-scale (vpmaddwd) into the super block's int32 sum X at the group's end (nibbles) or every
+// formats::kQGroupByteLaneSteps K steps (bytes: the sub-scale pairs wait on the stack); with a
+// bias, the super block's int32 bias sum Y = sum of sub-bias * s_g is formed at its end from int16
+// pairs of two groups (vpmaddwd). Then t = fma(scale factor, float(X), t) and
+// t = fma(bias factor, float(Y), t) once per super block: no per-group conversion, scale build or
+// FMA. Fewer roundings than the per-group order, not the same bits (docs/FORMATS.md). Requires
+// kQGroupSuper | kQGroupOffset (c0 = 0) | kQGroupI16, and with kQGroupNibbles kQGroupIdentity.
 constexpr uint16_t kQGroupLaneFold = 0x2000;
 
 // KernelKey::variant bit of avx2 prefill tiles of 4 rows for int4 and some qgroup kernels

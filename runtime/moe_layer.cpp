@@ -446,16 +446,17 @@ void MoELayer::build_kernels() {
   for (Shard& sh : shards_) {
     auto qg_variant = [&](const formats::GroupedSpec& g) {
       const int c0 = qgroup_offset(isa_, g);
+      // lane folds sum in int16 lanes (byte codes: folded into int32 every 4 K steps)
+      const bool lanes = qg_folds_ && c0 == 0 && formats::qgroup_lane_fold(g);
       return uint16_t((g.code_bits == 4 ? kQGroupNibbles : 0) | (g.bias ? kQGroupBias : 0) |
                       (g.super_group ? kQGroupSuper : 0) |
                       (g.scale_dtype == formats::FloatType::f16    ? kQGroupF16
                        : g.scale_dtype == formats::FloatType::bf16 ? kQGroupBf16
                                                                    : 0) |
                       (c0 >= 0 ? qgroup_offset_variant(c0) : 0) |
-                      (formats::qgroup_int16_sums(g, c0) ? kQGroupI16 : 0) |
+                      (formats::qgroup_int16_sums(g, c0) || lanes ? kQGroupI16 : 0) |
                       (c0 >= 0 && formats::qgroup_identity_table(g, c0) ? kQGroupIdentity : 0) |
-                      (g.int_fold ? kQGroupIntFold : 0) |
-                      (qg_folds_ && c0 == 0 && formats::qgroup_lane_fold(g) ? kQGroupLaneFold : 0));
+                      (g.int_fold ? kQGroupIntFold : 0) | (lanes ? kQGroupLaneFold : 0));
     };
     const bool qg = format_ == WeightFormat::qgroup;
     auto k_pairs = [](const formats::StripLayout& l) { return l.k % 2 == 0 && l.g_steps % 2 == 0; };

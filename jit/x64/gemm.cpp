@@ -83,6 +83,7 @@ class GemmGenerator : public JitGenerator {
         qgi_(qg_ && (key.variant & kQGroupIdentity)),
         qgf_(qg_ && (key.variant & kQGroupIntFold)),
         qgl_(qg_ && (key.variant & kQGroupLaneFold)),
+        qglb_(qgl_ && !qg4_),
         qc0_(qgroup_code_offset(key)),
         gsum_(qg_ && qgroup_needs_gsum(key)),
         nib_(int4_ || qg4_),
@@ -137,11 +138,11 @@ class GemmGenerator : public JitGenerator {
           "gemm: offset codes are kernels below the VNNI levels, offset <= 128: " + key.describe());
     if (qgw_ && !qgo_)
       throw std::invalid_argument("gemm: int16 group sums are for offset codes: " + key.describe());
-    if (qgl_ &&
-        (key.isa != IsaLevel::avx2 || !qgs_ || !qg4_ || !qgi_ || qc0_ != 0 || !qgw_ || qgf_))
+    if (qgl_ && (key.isa != IsaLevel::avx2 || !qgs_ || (qg4_ && !qgi_) || !qgo_ || qc0_ != 0 ||
+                 !qgw_ || qgf_))
       throw std::invalid_argument(
-          "gemm: int16-lane super-block folds are avx2 kernels of two-level identity nibble codes "
-          "without an offset, with int16 group sums: " +
+          "gemm: int16-lane super-block folds are avx2 kernels of two-level byte or identity "
+          "nibble codes without an offset, with int16 group sums: " +
           key.describe());
     if (qgf_ && (key.isa != IsaLevel::avx2 || !qgs_ || qgb_ || qg4_ || qgo_ || qgw_))
       throw std::invalid_argument(
@@ -710,10 +711,13 @@ class GemmGenerator : public JitGenerator {
   // int16 lanes (qacc) start at zero and take its K steps (vpaddw); at its end vpmaddwd by the
   // sub-scales (in both words of each column's dword) and vpaddd add them into the super block's
   // int32 sums X on the stack (qw_part_slot), and the group's sub-biases are copied to the stack
-  // (ql_bias_slot). At the super block's end, with a bias, Y = sum of sub-bias * s_g is formed in
-  // the qacc registers two groups at a time (int16 pairs: (s_2p, s_2p+1) of the row broadcast,
-  // the columns' (sub-bias_2p, sub-bias_2p+1) from vpunpcklbw + vpmovsxbw; vpmaddwd, vpaddd),
-  // then t = fma(scale factor, float(X), t), t = fma(bias factor, float(Y), t).
+  // (ql_bias_slot). Byte codes (<= 32: 8 products of a lane reach 32512) fold every
+  // kQGroupByteLaneSteps K steps instead, with the group's sub-scale pairs from the stack
+  // (qf_scale_slot, written before its steps). At the super block's end, with a bias, Y = sum of
+  // sub-bias * s_g is formed in the qacc registers two groups at a time (int16 pairs: (s_2p,
+  // s_2p+1) of the row broadcast, the columns' (sub-bias_2p, sub-bias_2p+1) from vpunpcklbw +
+  // vpmovsxbw; vpmaddwd, vpaddd), then t = fma(scale factor, float(X), t), t = fma(bias factor,
+  // float(Y), t).
   void k_loop_qgroup_lanes(bool prefetch_next) {
     Label super, group, pair, done;
     mov(reg_gc, arg(offsetof(GemmArgs, s_per_strip)));
@@ -733,17 +737,21 @@ class GemmGenerator : public JitGenerator {
       L(group);
       {
         dec(reg_sg);  // the groups after this one: its sub-bias slot
+        if (qglb_) {  // the sub-scale pairs, after the group's codes, to the stack for its folds
+          mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
+          imul(reg_k, reg_k, step_bytes());
+          for (int v = 0; v < nv_; ++v) {
+            sub_scale_pairs(t, qword[reg_w + reg_k + sv(v) * lanes_]);
+            vmovdqu(vmem(rsp + qf_scale_slot(v)), t);
+          }
+        }
         if (!qgroup_first_writes())
           for (int m = 0; m < mr_; ++m)
             for (int v = 0; v < nv_; ++v) vpxor(qacc(m, v), qacc(m, v), qacc(m, v));
-        qgroup_steps(prefetch_next);  // its first step writes the int16 lanes
-        for (int v = 0; v < nv_; ++v) {
+        qgroup_steps(prefetch_next);  // its first step writes the int16 lanes (bytes: folds them)
+        for (int v = 0; v < nv_ && !qglb_; ++v) {
           sub_scale_pairs(t, qword[reg_w + sv(v) * lanes_]);
-          for (int m = 0; m < mr_; ++m) {
-            vpmaddwd(qacc(m, v), qacc(m, v), t);
-            vpaddd(qacc(m, v), qacc(m, v), vmem(rsp + qw_part_slot(m, v)));
-            vmovdqu(vmem(rsp + qw_part_slot(m, v)), qacc(m, v));
-          }
+          for (int m = 0; m < mr_; ++m) lane_fold(m, v, t);
         }
         if (qgb_) {  // the strip_cols() sub-biases: one ymm, or (tail strips) a qword a vector
           lea(reg_k, ptr[reg_sg * 8]);
@@ -811,13 +819,19 @@ class GemmGenerator : public JitGenerator {
     }
     L(done);
   }
+  // X of (row m, vector v) += vpmaddwd(its int16 lanes, the sub-scale pairs `subs`).
+  void lane_fold(int m, int v, const Operand& subs) {
+    vpmaddwd(qacc(m, v), qacc(m, v), subs);
+    vpaddd(qacc(m, v), qacc(m, v), vmem(rsp + qw_part_slot(m, v)));
+    vmovdqu(vmem(rsp + qw_part_slot(m, v)), qacc(m, v));
+  }
   // Int16-lane folds with a bias: the sub-biases of the super block's group with r groups after
   // it at ql_bias_slot() + 32 r.
   int ql_bias_slot() const { return qw_part_slot(mr_, 0); }
-  // The stack slot of vector v's int16 sub-scale pairs (int32 folds), above the 2-row tiles' fp32
-  // accumulators; qf_scale_slot(nv_) is the qgroup kernels' stack size.
+  // The stack slot of vector v's int16 sub-scale pairs (int32 folds, byte lane folds), above the
+  // 2-row tiles' fp32 accumulators; qf_scale_slot(nv_) is the qgroup kernels' stack size.
   int qf_scale_slot(int v) const {
-    return (qgs2_ ? kQgAccStack + mr_ * nv_ * 64 : 16) + (qgf_ ? v * 32 : 0);
+    return (qgs2_ ? kQgAccStack + mr_ * nv_ * 64 : 16) + (qgf_ || qglb_ ? v * 32 : 0);
   }
   // int16 group sums (kQGroupI16): the int32 part of (row m, vector v)'s group sum that groups of
   // more than kQGroupI16Steps K steps widen into on the way, above the other slots.
@@ -940,6 +954,16 @@ class GemmGenerator : public JitGenerator {
             widen_int16_sums(qacc(m, v), qones(), rsp + qw_part_slot(m, v), qend_tmp(0));
     };
     mov(reg_k, arg(offsetof(GemmArgs, g_steps)));
+    if (qglb_) {  // byte lane folds: every kQGroupByteLaneSteps steps write the lanes, then fold
+      static_assert(formats::kQGroupByteLaneSteps == kUnroll);
+      L(inner);
+      steps(kUnroll, true);
+      for (int v = 0; v < nv_; ++v)
+        for (int m = 0; m < mr_; ++m) lane_fold(m, v, vmem(rsp + qf_scale_slot(v)));
+      sub(reg_k, kUnroll);
+      jg(inner, T_NEAR);
+      return;
+    }
     if (qgw_ && !qgl_) {  // int16 lanes: kQGroupI16Steps steps, then (group not done) widen
       static_assert(formats::kQGroupI16Steps == 2 * kUnroll);
       Label eight;
@@ -2199,6 +2223,7 @@ class GemmGenerator : public JitGenerator {
   const bool qgi_;   // nibbles are the codes (kQGroupIdentity)
   const bool qgf_;   // int32 super-block folds (kQGroupIntFold)
   const bool qgl_;   // int16-lane super-block folds (kQGroupLaneFold)
+  const bool qglb_;  // ... over byte codes: folded every kQGroupByteLaneSteps K steps
   const int qc0_;    // offset codes: c0
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;

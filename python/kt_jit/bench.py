@@ -135,7 +135,7 @@ INT4_SCALE = {"RAWINT4": "bf16", "GPTQ_INT4": "f16"}  # the checkpoints' scale d
 QGROUP_METHODS = ("LLAMAFILE", "RAWINT4", "GPTQ_INT4")
 #: Kernel names that add vpmaddubsw's pair sums in int16 lanes: qgroup int16 group sums
 #: (jit/kernel.hpp kQGroupI16: "qg4bu0iws", "qg4u8iwh16"; with int16-lane super-block folds
-#: "qg4bu0iwls"), int32 super-block folds
+#: "qg4bu0iwls", Q5_K's bytes "qg8bu0wls"), int32 super-block folds
 #: (kQGroupIntFold: "qg8fs", two K steps per lane) and the int4 kernels below the VNNI levels
 #: (jit/gemm.hpp int4_int16_sums: 8 K steps per lane)
 _INT16_SUMS = re.compile(r"_qg[48]b?(u\d+i?w|f)|_int4_avx(2|512)_")

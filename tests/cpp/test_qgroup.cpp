@@ -57,8 +57,9 @@ struct Problem {
   // given to the kernels as a + 128
   bool fold = false;
   // int16-lane super-block folds (kQGroupLaneFold; the executor's choice at avx2 where
-  // formats::qgroup_lane_fold allows): identity nibbles (Q4_K's table), G <= 32, an even number
-  // of groups per super block; needs offset, words, ident and super
+  // formats::qgroup_lane_fold allows): identity nibbles (Q4_K's table) or bytes in [0, 31] or
+  // [0, 32] (Q5_K's), G <= 32, an even number of groups per super block; needs offset, words,
+  // super and with nibbles ident
   bool lanes = false;
   // Every code at the table's last entry (bytes: the range's top) and every activation 127: the
   // largest sums an int16 lane meets.
@@ -67,6 +68,7 @@ struct Problem {
   std::pair<int, int> byte_range() const {
     if (fold) return (seed / 8) % 2 ? std::make_pair(-32, 31) : std::make_pair(-32, 32);
     if (!offset) return {-128, 127};
+    if (lanes) return (seed / 8) % 2 ? std::make_pair(0, 32) : std::make_pair(0, 31);  // Q5_K's
     return (seed / 8) % 2 ? std::make_pair(-32, 31) : std::make_pair(0, 31);
   }
   formats::GroupedSpec spec() const {
@@ -469,11 +471,12 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
   EXPECT_GT(checked, 0u);
 }
 
-// int16-lane super-block folds at avx2 (Q4_K / Q2_K-like: identity nibbles, two-level scales, with
-// and without a bias): 1- and 2-row tiles, tail strips, super blocks of 4, 8 and 16 groups of 16
-// and 32 k, one and several per strip, every code 15 with every activation 127 (each lane's
-// 16 products at 30480) on some; bit for bit against the twin, the twin against the per super
-// block order on the sources and against double math (check_problem).
+// int16-lane super-block folds at avx2 (Q4_K / Q2_K-like: identity nibbles; Q5_K-like: bytes in
+// [0, 31] or [0, 32], folded every 4 K steps; two-level scales, with and without a bias): 1-, 2-
+// and 4-row tiles, tail strips, super blocks of 2, 4, 8 and 16 groups of 16 and 32 k, one and
+// several per strip, every code at its top with every activation 127 (each nibble lane's 16
+// products at 30480, each byte lane's 8 at up to 32512) on some; bit for bit against the twin, the
+// twin against the per super block order on the sources and against double math (check_problem).
 TEST(QGroup, LaneFoldMatchesReference) {
   const auto levels = test::kernel_test_levels();
   if (std::find(levels.begin(), levels.end(), IsaLevel::avx2) == levels.end())
@@ -483,24 +486,27 @@ TEST(QGroup, LaneFoldMatchesReference) {
   uint32_t seed = 7001;  // seed % 4 == 1: the Q4_K table (0 .. 15)
   size_t ran = 0;
   std::vector<std::string> names;
-  for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
-    for (bool bias : {false, true})
-      for (int64_t M : {1, 2, 3, 5, 17})
-        for (int64_t N : {16, 40, 100})
-          for (const auto& gks : GKS) {
-            Problem p{IsaLevel::avx2, epi, true, bias, M, N, gks[1], gks[0], seed};
-            seed += 4;
-            p.offset = p.words = p.ident = p.lanes = true;
-            p.super = gks[2];
-            p.extreme = (seed / 4) % 5 == 0;
-            ASSERT_EQ(p.c0(), 0);
-            ASSERT_TRUE(formats::qgroup_lane_fold(p.spec())) << p.repro();
-            ASSERT_TRUE(formats::qgroup_int16_sums(p.spec(), 0));
-            check_problem(p, &names);
-            if (HasFatalFailure()) return;
-            ++ran;
-          }
-  EXPECT_EQ(ran, 3u * 2 * 5 * 3 * 5);
+  for (bool nib : {true, false})
+    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+      for (bool bias : {false, true})
+        for (int64_t M : {1, 2, 3, 5, 17})
+          for (int64_t N : {16, 40, 100})
+            for (const auto& gks : GKS) {
+              Problem p{IsaLevel::avx2, epi, nib, bias, M, N, gks[1], gks[0], seed};
+              seed += 4;
+              p.offset = p.words = p.lanes = true;
+              p.ident = nib;
+              p.super = gks[2];
+              p.extreme = (seed / 4) % 5 == 0;
+              ASSERT_EQ(p.c0(), 0);
+              ASSERT_TRUE(formats::qgroup_lane_fold(p.spec())) << p.repro();
+              // nibble lanes hold a whole group; byte lanes (<= 32 * 127 a product) only G 16's
+              ASSERT_EQ(formats::qgroup_int16_sums(p.spec(), 0), nib || p.G == 16) << p.repro();
+              check_problem(p, &names);
+              if (HasFatalFailure()) return;
+              ++ran;
+            }
+  EXPECT_EQ(ran, 2u * 3 * 2 * 5 * 3 * 5);
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
   EXPECT_GE(test::count_containing(names, "qg4u0iwls_avx2_m2"), 3u);
@@ -510,6 +516,12 @@ TEST(QGroup, LaneFoldMatchesReference) {
   for (const char* n : {"qg4u0iwls_avx2_m4n32_store_halves", "qg4bu0iwls_avx2_m4n32_siluup_halves",
                         "qg4bu0iwls_avx2_m4n32_accum_halves", "qg4u0iwls_avx2_m4n8_accum_halves",
                         "qg4bu0iwls_avx2_m4n16_siluup_halves"})
+    EXPECT_GT(test::count_containing(names, n), 0u) << n;
+  // the byte codes' kernels: 1-, 2- and 4-row tiles, with and without a bias
+  EXPECT_GE(test::count_containing(names, "qg8u0wls_avx2_m2"), 3u);
+  EXPECT_GE(test::count_containing(names, "qg8bu0wls_avx2_m1"), 6u);
+  for (const char* n : {"qg8u0wls_avx2_m4n32_store_halves", "qg8bu0wls_avx2_m4n32_siluup_halves",
+                        "qg8bu0wls_avx2_m4n32_accum_halves", "qg8bu0wls_avx2_m4n8_accum_halves"})
     EXPECT_GT(test::count_containing(names, n), 0u) << n;
 }
 
@@ -538,7 +550,19 @@ TEST(QGroup, LaneFoldOnlyWhereItFits) {
   s.super_group = 0;  // one-level scales
   EXPECT_FALSE(formats::qgroup_lane_fold(s));
   s.super_group = 256;
-  s.code_bits = 8;  // bytes
+  s.code_bits = 8;  // bytes: Q5_K's 0 .. 31 (folded every 4 K steps)
+  s.code_lo = 0;
+  s.code_hi = 31;
+  EXPECT_TRUE(formats::qgroup_lane_fold(s));
+  s.code_hi = 32;  // 8 products of 32 * 127 = 32512
+  EXPECT_TRUE(formats::qgroup_lane_fold(s));
+  s.code_hi = 33;  // 33528 would overflow
+  EXPECT_FALSE(formats::qgroup_lane_fold(s));
+  s.code_lo = -1;  // an offset
+  s.code_hi = 31;
+  EXPECT_FALSE(formats::qgroup_lane_fold(s));
+  s.code_lo = -32;  // Q6_K: its int32 folds
+  s.int_fold = true;
   EXPECT_FALSE(formats::qgroup_lane_fold(s));
 #if !defined(__x86_64__)
   GTEST_SKIP() << "x86 generators only";
@@ -556,6 +580,21 @@ TEST(QGroup, LaneFoldOnlyWhereItFits) {
     if (drop == 2) q.offset = false;
     if (drop == 3) q.super = 0;
     if (drop == 4) q.isa = IsaLevel::avx512;
+    EXPECT_THROW(KernelCache::generate_only(key_for(q, KernelKind::gemm_decode, 1, 4)),
+                 std::invalid_argument)
+        << drop;
+  }
+  Problem b = p;  // Q5_K-like bytes 0 .. 31: no table, so no identity bit
+  b.nib = b.ident = false;
+  ASSERT_EQ(b.c0(), 0);
+  EXPECT_EQ(key_for(b, KernelKind::gemm_prefill, 2, 4).name(),
+            "gemm_prefill_qg8bu0wls_avx2_m2n32_siluup");
+  EXPECT_NO_THROW(KernelCache::generate_only(key_for(b, KernelKind::gemm_prefill, 2, 4)));
+  for (int drop = 0; drop < 3; ++drop) {
+    Problem q = b;
+    if (drop == 0) q.words = false;
+    if (drop == 1) q.offset = false;
+    if (drop == 2) q.super = 0;
     EXPECT_THROW(KernelCache::generate_only(key_for(q, KernelKind::gemm_decode, 1, 4)),
                  std::invalid_argument)
         << drop;
