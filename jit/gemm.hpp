@@ -251,22 +251,25 @@ inline bool amx_decoded_weight(const KernelKey& key) {
          (key.format == WeightFormat::fp8 || is_mx_format(key.format));
 }
 // fp8 / mxfp4 / mxfp8 prefill kernels at avx2, avx512 and avx512_vnni with variant
-// kStripScratch: each strip is decoded once into GemmArgs::scratch as bf16 k pairs
-// ([k/2][column][2]), then every M block runs the bf16 FMA microkernel over the scratch with fp32
-// activations. The strip is decoded once for all of its M blocks instead of once per block.
-//   fp8 (K and g_steps even): the pairs hold value * 2^-8 (the fp16 route, exact); per-group sums
-//        on the decode_group_accumulate rule, g = fma(a[k], value * 2^-8, g) in k order, per
-//        group acc = fma(g, scale * 2^8, acc) (the one-row decode tiles' numbers), the
-//        accumulators held on the stack.
-//   mx:  the pairs hold the top 16 bits of the fp32 product w' = value * scale that the fp32
-//        kernels multiply by (exact: <= 4 significant bits, unless w' is an fp32 subnormal, i.e.
-//        a scale below about 2^-119, whose low bits go); acc = fma(a[k], w', acc), y = acc.
+// kStripScratch: each strip is decoded once into GemmArgs::scratch, then every M block runs FMAs
+// over the scratch with fp32 activations. The strip is decoded once for all of its M blocks
+// instead of once per block.
+//   fp8 (K and g_steps even): the scratch holds the fp16 bits of value * 2^-8 ([k][column], the
+//        fp16 route, exact), widened by vcvtph2ps in the M blocks; per-group sums on the
+//        decode_group_accumulate rule, g = fma(a[k], value * 2^-8, g) in k order, per group
+//        acc = fma(g, scale * 2^8, acc) (the one-row decode tiles' numbers), the accumulators
+//        held on the stack.
+//   mx:  bf16 k pairs ([k/2][column][2]) of the top 16 bits of the fp32 product w' = value *
+//        scale that the fp32 kernels multiply by (exact: <= 4 significant bits, unless w' is an
+//        fp32 subnormal, i.e. a scale below about 2^-119, whose low bits go), read by the bf16
+//        FMA microkernel; acc = fma(a[k], w', acc), y = acc.
 inline bool strip_scratch_kernel(const KernelKey& key) {
   return (key.format == WeightFormat::fp8 || is_mx_format(key.format)) &&
          key.kind == KernelKind::gemm_prefill && (key.variant & kStripScratch);
 }
 // Kernels that need GemmArgs::scratch (k4 * 32 * n_vec bytes) for the strip decoded to bf16
-// pairs: fp8 pair prefill and the AMX-BF16 kernels of decoded formats.
+// pairs: fp8 pair prefill and the AMX-BF16 kernels of decoded formats (and the strip-scratch
+// kernels above, whose 16-bit values take as many bytes).
 inline bool scratch_pair_kernel(const KernelKey& key) {
   return (fp8_pair_kernel(key) && key.kind == KernelKind::gemm_prefill) || amx_decoded_weight(key);
 }

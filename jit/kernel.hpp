@@ -116,9 +116,9 @@ constexpr uint8_t kBf16Pairs = 1;
 constexpr uint8_t kFp8Fp32Widen = 2;
 
 // KernelKey::variant bit of fp8 prefill kernels at the x86 levels without AVX512-BF16 (jit/gemm.hpp
-// strip_scratch_kernel): each strip is decoded once into GemmArgs::scratch as bf16 k pairs and
-// every M block runs the bf16 FMA microkernel over it (fp32 activations). A bit of its own,
-// clear of the SwiGLU and qgroup bits.
+// strip_scratch_kernel): each strip is decoded once into GemmArgs::scratch (fp8: fp16 values,
+// widened by vcvtph2ps; mx: bf16 k pairs, read by the bf16 FMA microkernel) and every M block
+// runs FMAs over it (fp32 activations). A bit of its own, clear of the SwiGLU and qgroup bits.
 constexpr uint8_t kStripScratch = 8;
 
 enum class Epilogue : uint8_t {

@@ -373,9 +373,9 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_full.variant = ks.tile_tail.variant = kBf16Pairs;
   } else if (isa == IsaLevel::avx2 &&
              ((fmt == WeightFormat::fp8 && k_pairs) || is_mx_format(fmt))) {
-    // Strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel): the strip decoded once to bf16 k
-    // pairs, then 3-row blocks of the bf16 FMA microkernel, from one full block on. The fp32
-    // prefill tiles have 2-3 rows and decode every weight again for each block (FP8 held about
+    // Strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel): the strip decoded once (fp8 to
+    // fp16, mx to bf16 k pairs), then 3-row blocks of FMAs over it, from one full block on. The
+    // fp32 prefill tiles have 2-3 rows and decode every weight again for each block (FP8 held about
     // 30 % of the FMA peak at Qwen3 T = 1024 on Zen 3); the remainder of 1-2 rows keeps the decode
     // tiles. avx512 and avx512_vnni keep their 6-row fp32 tiles: the same kernels generate there
     // but have not been measured on such a CPU. (MX K is a multiple of 32: always k pairs.)

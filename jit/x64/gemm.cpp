@@ -318,7 +318,7 @@ class GemmGenerator : public JitGenerator {
     L(strip_loop);
     {
       mov(reg_strip, reg_w);
-      if (scratch_pairs()) {  // fp8: the strip as bf16 k pairs into the scratch, for every block
+      if (scratch_pairs()) {  // the strip decoded into the scratch once, for every block
         mov(reg_pf, arg(offsetof(GemmArgs, scratch)));
         mov(reg_tmp2, reg_strip);
         mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
@@ -1428,7 +1428,8 @@ class GemmGenerator : public JitGenerator {
     return (fp8p_ && mr_ > 2) || (sfma_ && fp8_) || (fp8dw_ && mr_ == 2);
   }
   // fp8 pair prefill reads the strip decoded to bf16 k pairs in GemmArgs::scratch (bf16 strips
-  // are k pairs already: the bf16 pair kernels read them in place).
+  // are k pairs already: the bf16 pair kernels read them in place); strip-scratch kernels their
+  // decoded strip there too.
   bool scratch_pairs() const { return (fp8p_ && prefill_) || sfma_; }
   int fp8_acc_slot(int m, int v) const { return kFp8AccStack + (m * nv_ + v) * 64; }
   // qgroup tiles of 2 rows at avx2 (qgs2_): the fp32 accumulators live on the stack and the int32
@@ -1577,27 +1578,64 @@ class GemmGenerator : public JitGenerator {
     return x;
   }
 
-  // Strip-scratch kernels (strip_scratch_kernel): the strip at reg_tmp2 (reg_tmp k pairs, >= 1)
-  // into the scratch at reg_pf as bf16 k pairs, [k/2][vector][lanes_ columns][2]: rows k and
-  // k + 1 widened (value * 2^-8, exact), and the top 16 bits of each (exact: <= 4 significant
-  // bits, never an fp32 subnormal) as the pair's low and high half. The M blocks then read it
-  // with the bf16 FMA microkernel.
+  // fp8 strip-scratch kernels (strip_scratch_kernel): the strip at reg_tmp2 (reg_tmp k pairs,
+  // >= 1) into the scratch at reg_pf as fp16, [k][column]: each e4m3 byte as the fp16 bits of
+  // value * 2^-8 (sign-extended to a word, << 7, & 0xbf80: e4m3 subnormals become fp16
+  // subnormals, exact), 16 (zmm: 32) columns an instruction. The M blocks widen them with
+  // vcvtph2ps (microkernel_f16), exactly the values e4m3_widen gives. Three operations and a
+  // store per 16 weights, where bf16 k pairs took 11.
   void fp8_fma_repack() {
     Label loop, done;
     const int cols = strip_cols();
     test(reg_tmp, reg_tmp);
     jz(done, T_NEAR);
     L(loop);
-    for (int v = 0; v < nv_; ++v) {
-      const Xmm e = e4m3_widen(0, reg_tmp2 + v * lanes_);
-      const Xmm o = e4m3_widen(1, reg_tmp2 + cols + v * lanes_);
-      bf16_pair_store(e, o, vmem(reg_pf + v * vec_bytes()));
+    for (int c = 0; c < 2 * cols;) {  // the pair's two K rows back to back: 2 * cols bytes
+      const int n = zmm_isa() && 2 * cols - c >= 32 ? 32 : 2 * cols - c >= 16 ? 16 : 8;
+      const Xmm x = n == 32 ? Xmm(Zmm(0)) : n == 16 ? Xmm(Ymm(0)) : Xmm(0);
+      vpmovsxbw(x, n == 32   ? yword[reg_tmp2 + c]
+                   : n == 16 ? xword[reg_tmp2 + c]
+                             : qword[reg_tmp2 + c]);
+      vpsllw(x, x, 7);
+      if (n == 32)
+        vpandd(x, x, zword[rip + c_f16_mask_]);
+      else if (n == 16)
+        vpand(x, x, yword[rip + c_f16_mask_]);
+      else
+        vpand(x, x, xword[rip + c_f16_mask_]);
+      vmovups(n == 32   ? zword[reg_pf + 2 * c]
+              : n == 16 ? yword[reg_pf + 2 * c]
+                        : xword[reg_pf + 2 * c],
+              x);
+      c += n;
     }
     add(reg_tmp2, 2 * cols);
-    add(reg_pf, nv_ * vec_bytes());
+    add(reg_pf, 4 * cols);
     dec(reg_tmp);
     jnz(loop, T_NEAR);
     L(done);
+  }
+  // One k pair of an fp8 strip-scratch kernel (fp8_fma_repack's fp16 [k][column]): per half of
+  // the pair the rows' activations broadcast, each vector widened once (vcvtph2ps from memory)
+  // for the tile's rows; the FMAs of microkernel_bf16 in its order.
+  void microkernel_f16(int u) {
+    const int cols = strip_cols();
+    const RegExp w0 = reg_w + u * cols * 4;  // a k pair: 2 * cols fp16
+    const Xmm t = zmm_isa() ? Xmm(Zmm(30)) : Xmm(Ymm(15));
+    for (int half = 0; half < 2; ++half) {
+      if (!zmm_isa())
+        for (int m = 0; m < mr_; ++m)
+          vbroadcastss(row_bcast(m), dword[a_row(m) + 8 * u + 4 * half]);
+      for (int v = 0; v < nv_; ++v) {
+        const RegExp wm = w0 + (half * cols + v * lanes_) * 2;
+        vcvtph2ps(t, zmm_isa() ? yword[wm] : xword[wm]);
+        for (int m = 0; m < mr_; ++m)
+          if (zmm_isa())
+            vfmadd231ps(acc(m, v), t, ptr_b[a_row(m) + 8 * u + 4 * half]);
+          else
+            vfmadd231ps(acc(m, v), t, row_bcast(m));
+      }
+    }
   }
   // One k pair of a strip-scratch kernel: the first block of a strip prefetches the next strip's
   // packed bytes (2 * strip_cols() a pair, one line or less), then the bf16 FMA microkernel.
@@ -1607,7 +1645,10 @@ class GemmGenerator : public JitGenerator {
     if (prefetch_next)
       for (int off = 0; off < sfma_pair_bytes(); off += 64)
         prefetcht1(ptr[reg_pf + u * sfma_pair_bytes() + off]);
-    microkernel_bf16(u);
+    if (fp8_)
+      microkernel_f16(u);
+    else
+      microkernel_bf16(u);
   }
   void advance_sfma(int pairs, bool prefetch_next) {
     if (prefetch_next) add(reg_pf, sfma_pair_bytes() * pairs);
