@@ -95,6 +95,9 @@ struct GemmArgs {
   // are followed by one int8 sub-scale (then sub-bias) per column.
   int64_t g_per_super;
   int64_t s_per_strip;
+  // strip_scratch_kernel prefill only: rows after the m_blocks blocks (0 .. m_r - 1), run by the
+  // same call over the same decoded strip (rows m_blocks * m_r onwards).
+  int64_t m_tail;
 };
 static_assert(offsetof(GemmArgs, m_blocks) == 88, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, g_per_strip) == 112, "GemmArgs is part of the kernel ABI");
@@ -266,6 +269,12 @@ inline bool amx_decoded_weight(const KernelKey& key) {
 inline bool strip_scratch_kernel(const KernelKey& key) {
   return (key.format == WeightFormat::fp8 || is_mx_format(key.format)) &&
          key.kind == KernelKind::gemm_prefill && (key.variant & kStripScratch);
+}
+// Rows a kernel call computes: m_blocks blocks of m_r rows (prefill; strip-scratch tiles then
+// m_tail more), or m_r (decode).
+inline int64_t gemm_call_rows(const KernelKey& key, const GemmArgs& args) {
+  if (key.kind != KernelKind::gemm_prefill) return key.m_r;
+  return args.m_blocks * key.m_r + (strip_scratch_kernel(key) ? args.m_tail : 0);
 }
 // Kernels that need GemmArgs::scratch (k4 * 32 * n_vec bytes) for the strip decoded to bf16
 // pairs: fp8 pair prefill and the AMX-BF16 kernels of decoded formats (and the strip-scratch

@@ -376,9 +376,10 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     // Strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel): the strip decoded once (fp8 to
     // fp16, mx to bf16 k pairs), then 3-row blocks of FMAs over it, from one full block on. The
     // fp32 prefill tiles have 2-3 rows and decode every weight again for each block (FP8 held about
-    // 30 % of the FMA peak at Qwen3 T = 1024 on Zen 3); the remainder of 1-2 rows keeps the decode
-    // tiles. avx512 and avx512_vnni keep their 6-row fp32 tiles: the same kernels generate there
-    // but have not been measured on such a CPU. (MX K is a multiple of 32: always k pairs.)
+    // 30 % of the FMA peak at Qwen3 T = 1024 on Zen 3); the remainder of 1-2 rows runs in the same
+    // call over the same scratch (GemmArgs::m_tail). avx512 and avx512_vnni keep their 6-row fp32
+    // tiles: the same kernels generate there but have not been measured on such a CPU. (MX K is a
+    // multiple of 32: always k pairs.)
     ks.tile_rows = ks.tile_min_rows = gemm_max_rows(isa, WeightFormat::bf16);
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
@@ -869,8 +870,9 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
   int64_t i16_row0 = -1;   // first row of the int16 codes converted in this call (mxfp4 decode)
   int64_t bf16_row0 = -1;  // likewise for the bf16 rows of the fp8 pair kernels
   auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
-                  int64_t m_blocks) {
+                  int64_t m_blocks, int64_t m_tail = 0) {
     GemmArgs args;
+    args.m_tail = m_tail;
     args.a = a + row0 * lda;
     args.lda = lda;
     args.scratch = nullptr;
@@ -956,9 +958,12 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       if (ks.tile_rows && rows >= ks.tile_min_rows &&
           (!block_pair_kernel(ks.tile_full) || bf16_pairs)) {  // the tile tier, then the rest
         const int64_t blocks = (bf16_pairs ? pair_rows : rows) / ks.tile_rows;
+        // strip-scratch tiles take the rows left over the same decoded strip (GemmArgs::m_tail)
+        const int64_t m_tail =
+            strip_scratch_kernel(ks.tile_full) ? rows - blocks * ks.tile_rows : 0;
         call(tail ? ks.tile_tail : ks.tile_full,
-             ref ? nullptr : (tail ? ks.tile_tail_k : ks.tile_full_k), c0, n, 0, blocks);
-        row = std::min(rows, blocks * ks.tile_rows);
+             ref ? nullptr : (tail ? ks.tile_tail_k : ks.tile_full_k), c0, n, 0, blocks, m_tail);
+        row = std::min(rows, blocks * ks.tile_rows + m_tail);
       }
       if (rows - row > max_rows) {
         const int64_t blocks = (rows - row) / max_rows;

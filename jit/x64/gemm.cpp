@@ -364,6 +364,7 @@ class GemmGenerator : public JitGenerator {
           jnz(mb_loop, T_NEAR);
         }
         L(mb_done);
+        if (sfma_) strip_scratch_tail();
         // Leave reg_w at the next strip whether or not any block ran.
         strip_bytes_to(reg_tmp);
         lea(reg_w, ptr[reg_strip + reg_tmp]);
@@ -402,6 +403,26 @@ class GemmGenerator : public JitGenerator {
       mov(reg_tmp, arg(offsetof(GemmArgs, w_gscale)));
       mov(qword[rsp + 8], reg_tmp);  // this strip's scale table
     }
+  }
+
+  // Strip-scratch kernels: the call's GemmArgs::m_tail rows after its blocks (reg_row, 1 ..
+  // m_r - 1 of them) as one short tile over the same decoded strip, without prefetching: the
+  // rows that would otherwise run the decode tiles, which decode every weight again.
+  void strip_scratch_tail() {
+    Label done;
+    const int rows = mr_;
+    for (int t = 1; t < rows; ++t) {
+      Label next;
+      cmp(arg(offsetof(GemmArgs, m_tail)), t);
+      jne(next, T_NEAR);
+      mov(reg_w, arg(offsetof(GemmArgs, scratch)));
+      mr_ = t;
+      compute_block(false);
+      mr_ = rows;
+      jmp(done, T_NEAR);
+      L(next);
+    }
+    L(done);
   }
 
   // One register tile: rows [reg_row, reg_row + mr) x the current strip, over all of K. Half-strip
@@ -2253,7 +2274,7 @@ class GemmGenerator : public JitGenerator {
   const KernelKey key_;
   const int lanes_;
   int nv_;  // vectors of the register tile: the strip's, or a half-strip pass's (kHalfStrips)
-  const int mr_;
+  int mr_;  // rows of the register tile: the key's, or a strip-scratch call's tail (m_tail)
   const bool vnni_, int4_;
   const bool i4w_;  // avx2 / avx512 int4: the code q4 + 8 times a, int16 sums (int4_int16_sums)
   const bool bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;

@@ -66,7 +66,7 @@ inline const char* level_how(IsaLevel isa) {
 
 // Output rows a kernel call writes: prefill m_blocks blocks of m_r rows, decode m_r rows.
 inline int64_t kernel_rows(const KernelKey& key, const GemmArgs& args) {
-  return key.kind == KernelKind::gemm_prefill ? args.m_blocks * key.m_r : key.m_r;
+  return gemm_call_rows(key, args);
 }
 
 // Runs the generated kernel for `key` on `args`. Returns the kernel's name (for coverage

@@ -144,7 +144,7 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
   const uint16_t tile_variant = exec_tiles ? ks.tile_full.variant : uint16_t(kStripScratch);
   const bool tiles = (exec_tiles || (p.scratch_tiles && p.K % 2 == 0)) && p.M >= tile_rows;
   auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
-                  int64_t blocks, uint16_t variant = 0) {
+                  int64_t blocks, uint16_t variant = 0, int64_t m_tail = 0) {
     KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi, p.fmt);
     key.variant = variant;
     if (p.fp8_pairs()) key.variant = kBf16Pairs;
@@ -171,6 +171,7 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     args.out_col = s0 * out_full;
     args.row_weight = rw.data() + row0;
     args.m_blocks = blocks;
+    args.m_tail = m_tail;
     args.w_gscale =
         pk.gscale.empty() ? nullptr : pk.gscale.data() + s0 * l.gscale_floats_per_strip();
     args.g_steps = l.g_steps;
@@ -189,9 +190,12 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
     const int nv = part ? l.tail_vecs : l.strip_vecs;
     if (ns == 0) continue;
     int64_t row = 0;
-    if (tiles) {
-      call(KernelKind::gemm_prefill, tile_rows, nv, s0, ns, 0, p.M / tile_rows, tile_variant);
-      row = p.M / tile_rows * tile_rows;
+    if (tiles) {  // strip-scratch tiles take the rows left too (GemmArgs::m_tail)
+      const int64_t m_tail =
+          (tile_variant & kStripScratch) && p.fmt == WeightFormat::fp8 ? p.M % tile_rows : 0;
+      call(KernelKind::gemm_prefill, tile_rows, nv, s0, ns, 0, p.M / tile_rows, tile_variant,
+           m_tail);
+      row = p.M / tile_rows * tile_rows + m_tail;
     }
     if (p.M - row > max_rows) {
       call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, (p.M - row) / max_rows);

@@ -203,7 +203,7 @@ KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
 // one (strip-scratch tiles at avx2), then prefill blocks, then a decode remainder from rem0.
 struct RowSplit {
   int tile_rows = 0, max_rows = 0;
-  int64_t tile_blocks = 0, prefill_blocks = 0, rem0 = 0;
+  int64_t tile_blocks = 0, tile_tail = 0, prefill_blocks = 0, rem0 = 0;
 };
 RowSplit split_rows(const Problem& p) {
   RowSplit s;
@@ -211,9 +211,12 @@ RowSplit split_rows(const Problem& p) {
   const GemmKernelSet ks = make_gemm_kernel_set(p.isa, p.fmt, p.epi, kStripVecs, p.variant, true);
   if ((ks.tile_rows && strip_scratch_kernel(ks.tile_full)) || p.scratch_tiles) {
     s.tile_rows = gemm_max_rows(p.isa, WeightFormat::bf16);
-    if (p.M >= s.tile_rows) s.tile_blocks = p.M / s.tile_rows;
+    if (p.M >= s.tile_rows) {  // and the rows left over the same decoded strip (m_tail)
+      s.tile_blocks = p.M / s.tile_rows;
+      s.tile_tail = p.M % s.tile_rows;
+    }
   }
-  int64_t row = s.tile_blocks * s.tile_rows;
+  int64_t row = s.tile_blocks * s.tile_rows + s.tile_tail;
   if (p.M - row > s.max_rows) {
     s.prefill_blocks = (p.M - row) / s.max_rows;
     row += s.prefill_blocks * s.max_rows;
@@ -233,10 +236,11 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<float>& a, in
   std::vector<float> ones(size_t(p.M), 1.0f);
   std::vector<uint8_t> scratch;
   auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
-                  int64_t blocks, uint8_t extra_variant = 0) {
+                  int64_t blocks, uint8_t extra_variant = 0, int64_t m_tail = 0) {
     KernelKey key = key_for(p, kind, m_r, nv);
     key.variant |= extra_variant;
     GemmArgs args{};
+    args.m_tail = m_tail;
     if (const int64_t bytes = gemm_scratch_bytes(key, l.k4)) {
       scratch.assign(size_t(bytes), 0xcd);
       args.scratch = scratch.data();
@@ -277,10 +281,11 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<float>& a, in
     const int nv = part ? l.tail_vecs : l.strip_vecs;
     if (ns == 0) continue;
     if (sp.tile_blocks)
-      call(KernelKind::gemm_prefill, sp.tile_rows, nv, s0, ns, 0, sp.tile_blocks, kStripScratch);
+      call(KernelKind::gemm_prefill, sp.tile_rows, nv, s0, ns, 0, sp.tile_blocks, kStripScratch,
+           sp.tile_tail);
     if (sp.prefill_blocks)
-      call(KernelKind::gemm_prefill, sp.max_rows, nv, s0, ns, sp.tile_blocks * sp.tile_rows,
-           sp.prefill_blocks);
+      call(KernelKind::gemm_prefill, sp.max_rows, nv, s0, ns,
+           sp.tile_blocks * sp.tile_rows + sp.tile_tail, sp.prefill_blocks);
     if (p.M > sp.rem0) call(KernelKind::gemm_decode, int(p.M - sp.rem0), nv, s0, ns, sp.rem0, 1);
   }
 }
