@@ -129,7 +129,8 @@ GGUF_TYPES = {
     "Q6_K": {"lut": None, "range": (-32, 32), "group": 16, "bias": False, "super": 256},
     "Q8_0": {"lut": None, "range": (-128, 128), "group": 32, "bias": False, "half": "f16"},
 }
-GGUF_MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}  # gate/up type, down type
+# gate/up type, down type (llama.cpp's _M mixes give the expert down matrices Q6_K)
+GGUF_MIXES = {"Q4_K_M": ("Q4_K", "Q6_K"), "Q5_K_M": ("Q5_K", "Q6_K")}
 INT4_GROUP = {"RAWINT4": 32, "GPTQ_INT4": 128}
 INT4_SCALE = {"RAWINT4": "bf16", "GPTQ_INT4": "f16"}  # the checkpoints' scale dtypes
 QGROUP_METHODS = ("LLAMAFILE", "RAWINT4", "GPTQ_INT4")
@@ -1070,9 +1071,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         flush=True,
     )
 
-    # Layers whose every kernel adds int16 lanes (qgroup: Q4_0, Q4_K, RAWINT4 G32, Q6_K's int32
-    # folds, Q4_K_M at avx2; AMXINT4 / MOE_INT4 at avx2 and avx512) run vpmaddubsw + vpaddw, not
-    # the three-instruction chain: that pair's peak is their roof.
+    # Layers whose every kernel adds int16 lanes (qgroup: Q4_0, Q4_K, Q5_K, RAWINT4 G32, Q6_K's
+    # int32 folds, Q4_K_M / Q5_K_M at avx2; AMXINT4 / MOE_INT4 at avx2 and avx512) run vpmaddubsw
+    # + vpaddw, not the three-instruction chain: that pair's peak is their roof.
     int16_lanes = args.method in QGROUP_METHODS or args.method in INT4_METHODS
     if int16_lanes and not vnni and lim.get("peak_maddubsw_w_gops"):
         names = layers[0].kernel_names()

@@ -275,8 +275,10 @@ def test_int16_lane_kernels_take_the_vpmaddubsw_vpaddw_roof():
         "gemm_prefill_qg8fs_avx2_m2n32_accum",
         "gemm_prefill_int4_avx2_m2n32_siluup",
         "gemm_decode_int4_avx512_m1n64_accum",
+        "gemm_prefill_qg8bu0wls_avx2_m4n32_siluup_halves",  # Q5_K's int16-lane folds
     ]
     chain = [
+        "gemm_prefill_qg8bu0s_avx2_m2n32_siluup",  # Q5_K without the folds: int32 sums
         "gemm_prefill_int8_avx2_m3n32_siluup",
         "gemm_decode_int4_avx512vnni_m1n64_accum",
         "gemm_prefill_int4_avx512bf16_m6n64_siluup",
