@@ -85,9 +85,9 @@ struct GemmArgs {
   // mxfp4 / mxfp8 siluup kernels with kSwigluClamp / kSwigluAlpha: L and alpha (SPEC §4).
   float swiglu_limit;
   float swiglu_alpha;
-  // scratch_pair_kernel only (fp8 pair prefill): per-thread scratch of k4 * 32 * n_vec bytes,
-  // where the kernel decodes each strip to bf16 k pairs ([k/2][column][2]) once and reuses it for
-  // every M block.
+  // scratch_pair_kernel and strip_scratch_kernel only: per-thread scratch of gemm_scratch_bytes,
+  // where the kernel decodes each strip once (bf16 k pairs [k/2][column][2]; strip-scratch fp8:
+  // fp16 [k][column]) and reuses it for every M block.
   void* scratch;
   // qgroup kQGroupSuper only: groups per super block and super blocks per strip (g_per_strip =
   // g_per_super * s_per_strip). Each super block starts with its header: one fp32 scale factor

@@ -1659,7 +1659,8 @@ class GemmGenerator : public JitGenerator {
     }
   }
   // One k pair of a strip-scratch kernel: the first block of a strip prefetches the next strip's
-  // packed bytes (2 * strip_cols() a pair, one line or less), then the bf16 FMA microkernel.
+  // packed bytes (2 * strip_cols() a pair, one line or less), then the FMA microkernel over the
+  // scratch (fp8: microkernel_f16; mx: the bf16 one).
   // Packed bytes of a k pair in the strip (mx: the exponent bytes left out).
   int sfma_pair_bytes() const { return mx4_ ? strip_cols() : 2 * strip_cols(); }
   void microkernel_sfma(int u, bool prefetch_next) {
