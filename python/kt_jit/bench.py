@@ -125,6 +125,8 @@ GGUF_TYPES = {
         "bias": False,
         "super": 256,
     },
+    "Q5_0": {"lut": None, "range": (-16, 16), "group": 32, "bias": False, "half": "f16"},
+    "Q5_1": {"lut": None, "range": (0, 32), "group": 32, "bias": True, "half": "f16"},
     "Q5_K": {"lut": None, "range": (0, 32), "group": 32, "bias": True, "super": 256},
     "Q6_K": {"lut": None, "range": (-32, 32), "group": 16, "bias": False, "super": 256},
     "Q8_0": {"lut": None, "range": (-128, 128), "group": 32, "bias": False, "half": "f16"},
