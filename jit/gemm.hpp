@@ -151,7 +151,7 @@ inline bool int4_offset_nibbles(IsaLevel isa, WeightFormat fmt) {
 }
 // avx2 prefill tiles of kHalfStripRows rows run as two passes of 2 vectors (kHalfStrips), where
 // the decode of a code vector is shared by the tile's rows: int4, the qgroup int16-lane folds
-// (Q4_K, Q2_K), the int16 group sums of identity tables without a bias (Q4_0, Q3_K, RAWINT4,
+// (Q4_K, Q2_K, Q5_K), the int16 group sums of identity tables without a bias (Q4_0, Q3_K, RAWINT4,
 // GPTQ_INT4) and the sign-step kernels without a bias (Q8_0, IQ4_NL, IQ4_XS: |code| and the table
 // lookup shared). A bias's group end needs more registers than 4 rows leave. The executor's tile
 // tier from that many rows on (runtime/moe_layer.cpp make_gemm_kernel_set).

@@ -385,9 +385,10 @@ void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
   const int64_t group_bytes = cols + (fp4 ? G / 2 : G) * cols;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(args.w);
   const bool i16 = mx_int16_activations(key);
+  const int64_t call_rows = gemm_call_rows(key, args);
   for (int64_t s = 0; s < args.n_strips; ++s, w += group_bytes * args.g_per_strip) {
     const int64_t col0 = args.out_col + s * out_cols;
-    for (int64_t m = 0; m < gemm_call_rows(key, args) && i16; ++m) {  // exact int32 per group
+    for (int64_t m = 0; m < call_rows && i16; ++m) {  // exact int32 per group
       const uint8_t* a = reinterpret_cast<const uint8_t*>(args.a + m * args.lda);
       float y[64];
       for (int n = 0; n < cols; ++n) {
@@ -409,7 +410,7 @@ void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
       }
       write_out(key, args, m, col0, y, cols);
     }
-    for (int64_t m = 0; m < gemm_call_rows(key, args) && !i16; ++m) {
+    for (int64_t m = 0; m < call_rows && !i16; ++m) {
       const float* a = reinterpret_cast<const float*>(args.a + m * args.lda);
       float y[64];
       for (int n = 0; n < cols; ++n) {
@@ -544,7 +545,8 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
   const int cols = key.n_vec * lanes;
   const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
   // whole blocks, the last one short by a strip-scratch call's m_tail rows
-  const int64_t blocks = (gemm_call_rows(key, args) + key.m_r - 1) / key.m_r;
+  const int64_t call_rows = gemm_call_rows(key, args);
+  const int64_t blocks = (call_rows + key.m_r - 1) / key.m_r;
   const int rows = key.m_r;
   const int32_t offset = gemm_activation_offset(key.isa, key.format) ? 128 : 0;
   const bool nib_offset = int4_offset_nibbles(key.isa, key.format);
@@ -565,7 +567,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
     for (int64_t b = 0; b < blocks; ++b) {
       for (int r = 0; r < rows; ++r) {
         const int64_t m = b * rows + r;
-        if (m >= gemm_call_rows(key, args)) break;
+        if (m >= call_rows) break;
         const int8_t* a = args.a + m * args.lda;
         float y[64];
         for (int n = 0; n < cols && bf16 && (key.variant & kBf16Pairs); ++n) {
