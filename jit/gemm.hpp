@@ -95,8 +95,8 @@ struct GemmArgs {
   // are followed by one int8 sub-scale (then sub-bias) per column.
   int64_t g_per_super;
   int64_t s_per_strip;
-  // strip_scratch_kernel prefill only: rows after the m_blocks blocks (0 .. m_r - 1), run by the
-  // same call over the same decoded strip (rows m_blocks * m_r onwards).
+  // tail_rows_kernel prefill only: rows after the m_blocks blocks (0 .. m_r - 1), run by the
+  // same call over the same (decoded) strip (rows m_blocks * m_r onwards).
   int64_t m_tail;
 };
 static_assert(offsetof(GemmArgs, m_blocks) == 88, "GemmArgs is part of the kernel ABI");
@@ -270,11 +270,21 @@ inline bool strip_scratch_kernel(const KernelKey& key) {
   return (key.format == WeightFormat::fp8 || is_mx_format(key.format)) &&
          key.kind == KernelKind::gemm_prefill && (key.variant & kStripScratch);
 }
-// Rows a kernel call computes: m_blocks blocks of m_r rows (prefill; strip-scratch tiles then
-// m_tail more), or m_r (decode).
+// Prefill kernels that run GemmArgs::m_tail rows (0 .. m_r - 1) after their m_blocks blocks, as
+// one short tile in the same call over the same strip: the strip-scratch kernels (over the strip
+// they decoded) and the vdpbf16ps pair kernels at avx512_bf16 (bf16, fp8 pair prefill), whose
+// callers would otherwise pad the last block with zero rows. The AMX and NEON pair kernels keep
+// whole blocks.
+inline bool tail_rows_kernel(const KernelKey& key) {
+  return strip_scratch_kernel(key) ||
+         (key.isa == IsaLevel::avx512_bf16 && key.kind == KernelKind::gemm_prefill &&
+          (bf16_pair_kernel(key) || fp8_pair_kernel(key)));
+}
+// Rows a kernel call computes: m_blocks blocks of m_r rows (prefill; tail_rows_kernel then m_tail
+// more), or m_r (decode).
 inline int64_t gemm_call_rows(const KernelKey& key, const GemmArgs& args) {
   if (key.kind != KernelKind::gemm_prefill) return key.m_r;
-  return args.m_blocks * key.m_r + (strip_scratch_kernel(key) ? args.m_tail : 0);
+  return args.m_blocks * key.m_r + (tail_rows_kernel(key) ? args.m_tail : 0);
 }
 // Kernels that need GemmArgs::scratch (k4 * 32 * n_vec bytes) for the strip decoded to bf16
 // pairs: fp8 pair prefill and the AMX-BF16 kernels of decoded formats (and the strip-scratch

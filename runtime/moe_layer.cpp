@@ -840,17 +840,20 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
   // avx512_bf16, AMX-BF16 at amx; mx: AMX-BF16 at amx; >= tile_min_rows rows, K even): the
   // kernels take bf16 activations, rounded here (RNE) once per call, and fp8 / mx a per-thread
   // scratch for the strip decoded to bf16 pairs (bf16 strips are k pairs already). All rows go
-  // there: the last block is padded with zero rows whose outputs land in a per-thread dummy row
-  // (routing weight 0), which costs less than streaming the strip through the fp32 kernels again
-  // for the remainder. At neon_bf16 the bf16 pair tier runs bfdot (jit/aarch64/gemm_a64.cpp), the
-  // same way.
+  // there: at avx512_bf16 the rows after the whole blocks run as one short tile in the same call
+  // (GemmArgs::m_tail); at amx and neon_bf16 (bfdot, jit/aarch64/gemm_a64.cpp) the last block is
+  // padded with zero rows whose outputs land in a per-thread dummy row (routing weight 0), which
+  // costs less than streaming the strip through the fp32 kernels again for the remainder.
   const bool bf16_pairs = ks.tile_rows && block_pair_kernel(ks.tile_full) &&
                           rows >= ks.tile_min_rows && layout.k % 2 == 0;
   static thread_local std::vector<uint16_t> a16;
   static thread_local std::vector<uint8_t> pair_scratch;
   static thread_local std::vector<float*> pair_out;
   static thread_local std::vector<float> pair_weight, pair_dummy;
-  const int64_t pair_rows = bf16_pairs ? round_up(rows, ks.tile_rows) : 0;
+  // Pair kernels that run the last rows themselves (tail_rows_kernel, avx512_bf16) need no padding.
+  const int64_t pair_rows = !bf16_pairs                      ? 0
+                            : tail_rows_kernel(ks.tile_full) ? rows
+                                                             : round_up(rows, ks.tile_rows);
   if (bf16_pairs) {
     const int64_t K = layout.k;
     a16.assign(size_t(pair_rows * K), 0);
@@ -958,9 +961,9 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       if (ks.tile_rows && rows >= ks.tile_min_rows &&
           (!block_pair_kernel(ks.tile_full) || bf16_pairs)) {  // the tile tier, then the rest
         const int64_t blocks = (bf16_pairs ? pair_rows : rows) / ks.tile_rows;
-        // strip-scratch tiles take the rows left over the same decoded strip (GemmArgs::m_tail)
-        const int64_t m_tail =
-            strip_scratch_kernel(ks.tile_full) ? rows - blocks * ks.tile_rows : 0;
+        // strip-scratch and avx512_bf16 pair tiles take the rows left over the same strip
+        // (GemmArgs::m_tail)
+        const int64_t m_tail = tail_rows_kernel(ks.tile_full) ? rows - blocks * ks.tile_rows : 0;
         call(tail ? ks.tile_tail : ks.tile_full,
              ref ? nullptr : (tail ? ks.tile_tail_k : ks.tile_full_k), c0, n, 0, blocks, m_tail);
         row = std::min(rows, blocks * ks.tile_rows + m_tail);

@@ -364,7 +364,7 @@ class GemmGenerator : public JitGenerator {
           jnz(mb_loop, T_NEAR);
         }
         L(mb_done);
-        if (sfma_) strip_scratch_tail();
+        if (tail_rows_kernel(key_)) tail_rows();
         // Leave reg_w at the next strip whether or not any block ran.
         strip_bytes_to(reg_tmp);
         lea(reg_w, ptr[reg_strip + reg_tmp]);
@@ -405,17 +405,22 @@ class GemmGenerator : public JitGenerator {
     }
   }
 
-  // Strip-scratch kernels: the call's GemmArgs::m_tail rows after its blocks (reg_row, 1 ..
-  // m_r - 1 of them) as one short tile over the same decoded strip, without prefetching: the
-  // rows that would otherwise run the decode tiles, which decode every weight again.
-  void strip_scratch_tail() {
+  // tail_rows_kernel: the call's GemmArgs::m_tail rows after its blocks (reg_row, 1 .. m_r - 1
+  // of them) as one short tile over the same strip, without prefetching. Strip-scratch kernels
+  // read the strip they decoded (those rows would otherwise run the decode tiles, which decode
+  // every weight again); the vdpbf16ps pair kernels the strip in place or, fp8, its decoded pairs
+  // (their callers would otherwise pad the last block with zero rows).
+  void tail_rows() {
     Label done;
     const int rows = mr_;
     for (int t = 1; t < rows; ++t) {
       Label next;
       cmp(arg(offsetof(GemmArgs, m_tail)), t);
       jne(next, T_NEAR);
-      mov(reg_w, arg(offsetof(GemmArgs, scratch)));
+      if (scratch_pairs())
+        mov(reg_w, arg(offsetof(GemmArgs, scratch)));
+      else
+        mov(reg_w, reg_strip);
       mr_ = t;
       compute_block(false);
       mr_ = rows;
@@ -2275,7 +2280,7 @@ class GemmGenerator : public JitGenerator {
   const KernelKey key_;
   const int lanes_;
   int nv_;  // vectors of the register tile: the strip's, or a half-strip pass's (kHalfStrips)
-  int mr_;  // rows of the register tile: the key's, or a strip-scratch call's tail (m_tail)
+  int mr_;  // rows of the register tile: the key's, or a call's tail (m_tail, tail_rows)
   const bool vnni_, int4_;
   const bool i4w_;  // avx2 / avx512 int4: the code q4 + 8 times a, int16 sums (int4_int16_sums)
   const bool bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;

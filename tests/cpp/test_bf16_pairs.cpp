@@ -72,7 +72,8 @@ struct Problem {
 };
 
 // One problem the way the executor runs it: full strips, then the tail strip, each over M / m_r
-// blocks of m_r = 6 rows (the pair kernels' tile), out rows scattered. Returns the outputs of the
+// blocks of m_r = 6 rows (the pair kernels' tile) and the M % m_r rows left as the call's short
+// tile (GemmArgs::m_tail), out rows scattered. Returns the outputs of the
 // generated kernels (run = true) or of the twin.
 std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot_check) {
   test::Bf16Case c = test::make_bf16_case(p.epi, p.M, p.N, p.K, p.seed);
@@ -106,6 +107,7 @@ std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot
     g.out_col = s0 * gemm_strip_out_cols(IsaLevel::avx512_bf16, c.l.strip_vecs, p.epi);
     g.row_weight = c.rw.data();
     g.m_blocks = p.M / m_r;
+    g.m_tail = p.M % m_r;
     g.scratch = nullptr;  // bf16 strips are k pairs already: the kernels read them in place
     if (generated) {
       if (test::run_generated(key, g).empty()) return c.out;
@@ -114,7 +116,7 @@ std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot
     }
   }
   if (dot_check && p.epi == Epilogue::store) {  // float64 dot products of the same bf16 values
-    for (int64_t m = 0; m < p.M / m_r * m_r; ++m)
+    for (int64_t m = 0; m < p.M; ++m)
       for (int64_t n = 0; n < p.N; ++n) {
         double mag;
         const double dot = test::bf16_dot64(c, m, n, p.K, &mag);
@@ -125,12 +127,14 @@ std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot
   return c.out;
 }
 
+// M % 6 takes every tail size (0 .. 5), M = 5 a call of the tail alone.
 const Problem kProblems[] = {
-    {Epilogue::store, 6, 64, 2, 1},     {Epilogue::store, 12, 100, 30, 2},
+    {Epilogue::store, 6, 64, 2, 1},     {Epilogue::store, 13, 100, 30, 2},
     {Epilogue::store, 18, 64, 128, 3},  {Epilogue::store, 8, 16, 96, 4},
-    {Epilogue::siluup, 12, 128, 64, 5}, {Epilogue::siluup, 24, 96, 130, 6},
-    {Epilogue::accum, 12, 64, 34, 7},   {Epilogue::accum, 30, 200, 256, 8},
+    {Epilogue::siluup, 16, 128, 64, 5}, {Epilogue::siluup, 29, 96, 130, 6},
+    {Epilogue::accum, 15, 64, 34, 7},   {Epilogue::accum, 30, 200, 256, 8},
     {Epilogue::accum, 6, 48, 2048, 9},  {Epilogue::store, 36, 256, 512, 10},
+    {Epilogue::store, 5, 64, 66, 11},
 };
 
 TEST(Bf16Pairs, TwinIsWithinFp32RoundingOfFloat64) {
@@ -203,6 +207,7 @@ TEST(Bf16Pairs, Fp8AtAvx512Bf16PairsWhenKSplitsIntoPairs) {
     EXPECT_EQ(ks.tile_min_rows, amx ? 16 : 12);
     EXPECT_EQ(ks.tile_full.isa, isa);
     EXPECT_TRUE(scratch_pair_kernel(ks.tile_full));
+    EXPECT_EQ(tail_rows_kernel(ks.tile_full), !amx);  // AMX pads the last block instead
     EXPECT_FALSE(fp8_pair_kernel(ks.prefill_full));  // fp32 kernels for short experts' blocks
     for (int m = 1; m <= ks.max_rows; ++m) {
       EXPECT_EQ(fp8_pair_kernel(ks.decode_full[size_t(m - 1)]), m <= 4) << m;
@@ -229,6 +234,9 @@ TEST(Bf16Pairs, OnlyBf16AtAvx512Bf16GetsThePairTier) {
   EXPECT_EQ(ks.tile_full.kind, KernelKind::gemm_prefill);
   EXPECT_EQ(ks.tile_tail.n_vec, 2);
   EXPECT_TRUE(bf16_pair_kernel(ks.tile_full));
+  EXPECT_TRUE(tail_rows_kernel(ks.tile_full));  // the rows after the blocks: no padding
+  EXPECT_FALSE(tail_rows_kernel(
+      make_gemm_kernel_set(IsaLevel::amx, WeightFormat::bf16, Epilogue::siluup, 2).tile_full));
   EXPECT_FALSE(bf16_pair_kernel(ks.prefill_full));  // the fp32 kernels stay for short experts
   for (IsaLevel isa : {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni})
     EXPECT_EQ(make_gemm_kernel_set(isa, WeightFormat::bf16, Epilogue::accum, 0).tile_rows, 0);

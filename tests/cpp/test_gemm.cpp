@@ -31,10 +31,12 @@ struct Problem {
   // level offsets them): the largest int16 / int32 partial sums a kernel can meet.
   bool extreme = false;
   // fp8 at avx512_bf16 with K even runs the kBf16Pairs kernels (bf16 activations) as the executor
-  // does (jit/gemm.hpp fp8_pair_kernel): prefill blocks of 6 rows and a decode remainder of 1-4
-  // rows (the executor pads the rows to whole blocks; a remainder of 5 would be fp32 here).
+  // does (jit/gemm.hpp fp8_pair_kernel): above 6 rows prefill blocks of 6 rows with the rest as
+  // the call's short tile (GemmArgs::m_tail), else a decode tile of 1-4 rows (5 or 6 rows alone
+  // would be fp32 here).
   bool fp8_pairs() const {
-    return isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::fp8 && M % 6 <= 4 && K % 2 == 0;
+    return isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::fp8 && (M <= 4 || M > 6) &&
+           K % 2 == 0;
   }
   std::string repro() const {
     std::ostringstream s;
@@ -197,9 +199,11 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
            m_tail);
       row = p.M / tile_rows * tile_rows + m_tail;
     }
-    if (p.M - row > max_rows) {
-      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, (p.M - row) / max_rows);
-      row += (p.M - row) / max_rows * max_rows;
+    if (p.M - row > max_rows) {  // fp8 pair blocks take the rest too (tail_rows_kernel)
+      const int64_t blocks = (p.M - row) / max_rows;
+      const int64_t m_tail = p.fp8_pairs() ? (p.M - row) % max_rows : 0;
+      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, blocks, 0, m_tail);
+      row += blocks * max_rows + m_tail;
     }
     if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
   }

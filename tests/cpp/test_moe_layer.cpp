@@ -87,16 +87,17 @@ TEST(MoELayer, GeneratedMatchesReferenceAndIsDeterministic) {
 }
 
 // BF16 at avx512_bf16: experts with >= 12 rows run the vdpbf16ps pair kernels on all their rows
-// (the last 6-row block padded); the layer equals its twin bit for bit, with 1 and 2 threads, and
-// differs from the fp32-activation kernels of avx512_vnni where experts are that long.
-TEST(MoELayer, Bf16PairTierMatchesReferenceAndPadsTheLastBlock) {
+// (whole 6-row blocks, then the rows left as the call's short tile, GemmArgs::m_tail); the layer
+// equals its twin bit for bit, with 1 and 2 threads, and differs from the fp32-activation kernels
+// of avx512_vnni where experts are that long.
+TEST(MoELayer, Bf16PairTierMatchesReferenceAndRunsTheLastRows) {
   // Natively where the CPU has AVX512-BF16, else through the x86-64 interpreter.
   const bool native = selected_isa() == IsaLevel::avx512_bf16 || selected_isa() == IsaLevel::amx;
   if (!native && !(test::emulated_level(IsaLevel::avx512_bf16) && test::interpreter_enabled()))
     GTEST_SKIP() << "this CPU (or KT_JIT_ISA) lacks AVX512-BF16, and the x86-64 interpreter is "
                     "off (KT_JIT_TEST_INTERPRET=0) or not on this architecture";
   test::InterpretedExecutor interpret(IsaLevel::avx512_bf16);
-  const Case cases[] = {{{16, 4, 576, 352}, 64},  // ~16 rows an expert: 3 blocks, padded
+  const Case cases[] = {{{16, 4, 576, 352}, 64},  // ~16 rows an expert: 2 blocks and a tail
                         {{4, 3, 64, 24}, 301},    // ~226 rows
                         {{8, 2, 100, 40}, 17}};   // ~4 rows: fp32 kernels only
   ThreadPool p1(1, 1), p2(2, 1);
