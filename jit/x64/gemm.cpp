@@ -331,37 +331,37 @@ class GemmGenerator : public JitGenerator {
           fp8_pair_repack();
       }
       if (prefill_) {
-        Label mb_loop, mb_done;
+        Label mb_done;
         xor_(reg_row.cvt32(), reg_row.cvt32());
         mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
         test(reg_mb, reg_mb);
         jle(mb_done, T_NEAR);
-        // Blocks 0-7 each prefetch an eighth of the next strip into L2 (one line per two K steps,
-        // below DRAM speed), so the next strip's DRAM stream overlaps this strip's compute; later
-        // blocks only re-read this strip from L2.
+        // The first pf_blocks blocks each prefetch their share of the next strip into L2 (one
+        // line per two K steps: an eighth of it, below DRAM speed), so the next strip's DRAM
+        // stream overlaps this strip's compute; later blocks only re-read this strip from L2.
+        // Pair kernels pull more lines a step (microkernel_pairs, microkernel_sfma).
+        const int pf_blocks = pairs_           ? kPairPrefetchBlocks
+                              : fp8p_ || sfma_ ? 1
+                              : half_          ? kPrefetchBlocks / 2  // two passes a block
+                                               : kPrefetchBlocks;
         strip_bytes_to(reg_pf);
         add(reg_pf, reg_strip);
-        L(mb_loop);
-        {
-          Label no_pf, next;
-          if (scratch_pairs())
-            mov(reg_w, arg(offsetof(GemmArgs, scratch)));
-          else
-            mov(reg_w, reg_strip);
-          cmp(reg_row, (pairs_           ? kPairPrefetchBlocks
-                        : fp8p_ || sfma_ ? 1
-                        : half_          ? kPrefetchBlocks / 2  // two passes a block
-                                         : kPrefetchBlocks) *
-                           mr_);
-          jge(no_pf, T_NEAR);
-          compute_block(true);
-          jmp(next, T_NEAR);
-          L(no_pf);
-          compute_block(false);
-          L(next);
-          add(reg_row, mr_);
-          dec(reg_mb);
-          jnz(mb_loop, T_NEAR);
+        if (pf_blocks > kFewPrefetchBlocks) {
+          // A call of fewer blocks (e.g. 16 rows: two 6-row blocks) would leave most of the
+          // next strip to demand misses: its first kFewPrefetchBlocks blocks prefetch
+          // pf_blocks / kFewPrefetchBlocks lines at each site instead, the whole strip.
+          Label many, after;
+          cmp(reg_mb, pf_blocks);
+          jge(many, T_NEAR);
+          pf_lines_ = pf_blocks / kFewPrefetchBlocks;
+          block_loop(kFewPrefetchBlocks);
+          pf_lines_ = 1;
+          jmp(after, T_NEAR);
+          L(many);
+          block_loop(pf_blocks);
+          L(after);
+        } else {
+          block_loop(pf_blocks);
         }
         L(mb_done);
         if (tail_rows_kernel(key_)) tail_rows();
@@ -403,6 +403,27 @@ class GemmGenerator : public JitGenerator {
       mov(reg_tmp, arg(offsetof(GemmArgs, w_gscale)));
       mov(qword[rsp + 8], reg_tmp);  // this strip's scale table
     }
+  }
+
+  // The M blocks of a prefill call (reg_mb > 0 of them, from row 0) over the current strip, the
+  // first pf_blocks of them prefetching the next one (at reg_pf).
+  void block_loop(int pf_blocks) {
+    Label mb_loop, no_pf, next;
+    L(mb_loop);
+    if (scratch_pairs())
+      mov(reg_w, arg(offsetof(GemmArgs, scratch)));
+    else
+      mov(reg_w, reg_strip);
+    cmp(reg_row, pf_blocks * mr_);
+    jge(no_pf, T_NEAR);
+    compute_block(true);
+    jmp(next, T_NEAR);
+    L(no_pf);
+    compute_block(false);
+    L(next);
+    add(reg_row, mr_);
+    dec(reg_mb);
+    jnz(mb_loop, T_NEAR);
   }
 
   // tail_rows_kernel: the call's GemmArgs::m_tail rows after its blocks (reg_row, 1 .. m_r - 1
@@ -505,6 +526,10 @@ class GemmGenerator : public JitGenerator {
   // K steps unrolled by kUnroll (addresses by displacement), then the remaining steps one by one.
   static constexpr int kUnroll = 4;
   static constexpr int kPrefetchBlocks = 8;
+  // Calls of fewer blocks than that prefetch the next strip from their first kFewPrefetchBlocks
+  // blocks, pf_lines_ lines at each prefetch site (generate()).
+  static constexpr int kFewPrefetchBlocks = 2;
+  int pf_lines_ = 1;
   // fp8: K steps in groups that share one scale per strip half; within a group as k_loop.
   void k_loop_fp8(bool prefetch_next) {
     Label group, inner, tail, gdone, done;
@@ -1027,8 +1052,8 @@ class GemmGenerator : public JitGenerator {
   // At a group's end: the next strip's scale lines, one per group and block.
   void qgroup_prefetch_scales(bool prefetch_next) {
     if (!prefetch_next) return;
-    prefetcht1(ptr[reg_pf]);
-    add(reg_pf, 64);
+    for (int i = 0; i < pf_lines_; ++i) prefetcht1(ptr[reg_pf + i * 64]);
+    add(reg_pf, 64 * pf_lines_);
   }
 
   // The codes of vector v at K step u into `dst` as the level multiplies them: bytes as stored
@@ -1357,7 +1382,7 @@ class GemmGenerator : public JitGenerator {
   }
   void advance(int steps, bool prefetch_next) {
     const int a_bytes = bf16_ ? 8 : 4;  // bf16 FMA kernels: two fp32 activations a step
-    if (prefetch_next) add(reg_pf, 64 * ((steps + 1) / 2));
+    if (prefetch_next) add(reg_pf, 64 * pf_lines_ * ((steps + 1) / 2));
     add(reg_a, a_bytes * steps);
     if (mr_ > 3) add(reg_a3, a_bytes * steps);
     advance_w(step_bytes() * steps);
@@ -1365,7 +1390,8 @@ class GemmGenerator : public JitGenerator {
 
   // One K step (`u` steps past the pointers): 4 k for every (row, vector) of the tile.
   void microkernel(int u, bool prefetch_next) {
-    if (prefetch_next && u % 2 == 0) prefetcht1(ptr[reg_pf + u / 2 * 64]);
+    if (prefetch_next && u % 2 == 0)
+      for (int i = 0; i < pf_lines_; ++i) prefetcht1(ptr[reg_pf + (u / 2 * pf_lines_ + i) * 64]);
     if (i4w_) {
       microkernel_int4w(u);
       return;
