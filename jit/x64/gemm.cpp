@@ -30,10 +30,14 @@ namespace {
 // docs/BENCHMARKS.md) the integer formats with the least work per byte, int8 and the qgroup
 // (GGUF / RAWINT4 / GPTQ) kernels, streamed closer to the probe at 1536 (INT8, Q4_K, Q8_0), while
 // FP8 and MXFP4 did worse there and BF16 and INT4 were split: so AMD CPUs take 1536 for int8 and
-// qgroup, everything else 3072. KT_JIT_DECODE_PREFETCH=<bytes> (0 = none, a multiple of 64 up to
-// 65536) overrides it for every kernel this process generates.
-constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536;
-int decode_prefetch_bytes(WeightFormat fmt) {
+// qgroup, everything else 3072. On a Zen 4 (AVX-512, 2026-11-26, in-process A/B at DeepSeek-V3
+// T = 1) the qgroup kernels of nibble codes at zmm levels streamed faster at 8192 than at 1536
+// (Q4_K 1.29x, RAWINT4 1.09x, IQ4_XS 1.06x, Q4_0 1.05x; 16384 no better), while byte codes (Q5_K
+// 0.94x, Q8_0 0.97x) and int8 (0.94x) did not: so those take 8192 on AMD. KT_JIT_DECODE_PREFETCH=
+// <bytes> (0 = none, a multiple of 64 up to 65536) overrides it for every kernel this process
+// generates.
+constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchAmdZmmNib = 8192;
+int decode_prefetch_bytes(const KernelKey& key) {
   static const int env_bytes = [] {
     const char* env = std::getenv("KT_JIT_DECODE_PREFETCH");
     if (!env || !*env) return -1;
@@ -48,6 +52,10 @@ int decode_prefetch_bytes(WeightFormat fmt) {
   if (env_bytes >= 0) return env_bytes;
   static const bool amd =
       cpu_features().vendor == "AuthenticAMD" || cpu_features().vendor == "HygonGenuine";
+  const WeightFormat fmt = key.format;
+  if (amd && fmt == WeightFormat::qgroup && (key.variant & kQGroupNibbles) &&
+      vec_lanes(key.isa) == 16)
+    return kDecodePrefetchAmdZmmNib;
   const bool lean_int = fmt == WeightFormat::int8 || fmt == WeightFormat::qgroup;
   return amd && lean_int ? kDecodePrefetchAmdInt : kDecodePrefetch;
 }
@@ -1375,7 +1383,7 @@ class GemmGenerator : public JitGenerator {
   // call (strip after strip), and the hardware prefetcher alone left 10-25 % of the read
   // bandwidth unused.
   void advance_w(int bytes) {
-    const int ahead = decode_prefetch_bytes(key_.format);
+    const int ahead = decode_prefetch_bytes(key_);
     if (!prefill_ && ahead > 0)
       for (int off = 0; off < bytes; off += 64) prefetcht0(ptr[reg_w + ahead + off]);
     add(reg_w, bytes);
