@@ -121,6 +121,23 @@ TEST(MxDecode, Int16ActivationCodes) {
   EXPECT_TRUE(std::isnan(formats::mx_act_i16_half_scale(q.data(), 2)));
 }
 
+// Ties round half to even, as std::nearbyint does: a group whose amax is 32767 (so x * inv = x
+// exactly) of halves, negative ones included.
+TEST(MxDecode, Int16ActivationCodesRoundTiesToEven) {
+  std::vector<float> x(32);
+  x[0] = 32767.0f;
+  for (int i = 1; i < 32; ++i) x[size_t(i)] = float(i - 16) + 0.5f;  // -14.5 ... 15.5
+  x[31] = 32766.5f;
+  std::vector<uint8_t> q(size_t(formats::mx_act_i16_bytes(32)));
+  formats::quantize_mx_act_i16(x.data(), 32, q.data());
+  for (int i = 0; i < 32; ++i)
+    EXPECT_EQ(formats::mx_act_i16_code(q.data(), i), int16_t(std::nearbyint(x[size_t(i)])))
+        << x[size_t(i)];
+  EXPECT_EQ(formats::mx_act_i16_code(q.data(), 16), 0);      // 0.5 -> 0
+  EXPECT_EQ(formats::mx_act_i16_code(q.data(), 31), 32766);  // 32766.5 -> 32766
+  EXPECT_EQ(formats::mx_act_i16_code(q.data(), 14), -2);     // -1.5 -> -2
+}
+
 TEST(MxDecode, SwigluRefMatchesDefinition) {
   const float L = 7.0f, a = 1.702f;
   for (float g = -12.0f; g <= 12.0f; g += 0.37f)
