@@ -26,17 +26,18 @@ namespace {
 
 // How far ahead decode kernels prefetch their weight stream. 3072 bytes was the best of
 // 0/1024/2048/3072 at DeepSeek-V3 T = 1 for MXFP4, FP8, BF16 and INT8 on a Xeon (2026-11-22). On
-// AMD (a Zen 3 VM, two sessions of alternating processes against adjacent read probes,
+// AMD at avx2 (a Zen 3 VM, two sessions of alternating processes against adjacent read probes,
 // docs/BENCHMARKS.md) the integer formats with the least work per byte, int8 and the qgroup
 // (GGUF / RAWINT4 / GPTQ) kernels, streamed closer to the probe at 1536 (INT8, Q4_K, Q8_0), while
-// FP8 and MXFP4 did worse there and BF16 and INT4 were split: so AMD CPUs take 1536 for int8 and
-// qgroup, everything else 3072. On a Zen 4 (AVX-512, 2026-11-26, in-process A/B at DeepSeek-V3
-// T = 1) the qgroup kernels of nibble codes at zmm levels streamed faster at 8192 than at 1536
-// (Q4_K 1.29x, RAWINT4 1.09x, IQ4_XS 1.06x, Q4_0 1.05x; 16384 no better), while byte codes (Q5_K
-// 0.94x, Q8_0 0.97x) and int8 (0.94x) did not: so those take 8192 on AMD. KT_JIT_DECODE_PREFETCH=
-// <bytes> (0 = none, a multiple of 64 up to 65536) overrides it for every kernel this process
-// generates.
-constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchAmdZmmNib = 8192;
+// FP8 and MXFP4 did worse there and BF16 and INT4 were split: so they take 1536, everything else
+// 3072. On AMD at the AVX-512 levels (a Zen 4 VM, 2026-11-26, in-process A/B of layers generated
+// with each distance, DeepSeek-V3 T = 1) no software prefetch beat every distance for every format
+// (against the old defaults: BF16 1.11x, Q6_K 1.24x, Q5_K 1.19x, Q8_0 1.09x, Q4_0 1.09x, FP8
+// 1.07x, INT8 1.06x, INT4 1.06x, MXFP4 1.02x) except the qgroup kernels of nibbles with super
+// blocks and biases (Q4_K), which ran 2.3x slower without and best at 8192 (1.29x 1536, 1.11x
+// 4096, 16384 no better). KT_JIT_DECODE_PREFETCH=<bytes> (0 = none, a multiple of 64 up to 65536)
+// overrides it for every kernel this process generates.
+constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchAmdZmmQ4K = 8192;
 int decode_prefetch_bytes(const KernelKey& key) {
   static const int env_bytes = [] {
     const char* env = std::getenv("KT_JIT_DECODE_PREFETCH");
@@ -53,9 +54,10 @@ int decode_prefetch_bytes(const KernelKey& key) {
   static const bool amd =
       cpu_features().vendor == "AuthenticAMD" || cpu_features().vendor == "HygonGenuine";
   const WeightFormat fmt = key.format;
-  if (amd && fmt == WeightFormat::qgroup && (key.variant & kQGroupNibbles) &&
-      vec_lanes(key.isa) == 16)
-    return kDecodePrefetchAmdZmmNib;
+  if (amd && vec_lanes(key.isa) == 16) {
+    const uint16_t q4k = kQGroupNibbles | kQGroupSuper | kQGroupBias;
+    return fmt == WeightFormat::qgroup && (key.variant & q4k) == q4k ? kDecodePrefetchAmdZmmQ4K : 0;
+  }
   const bool lean_int = fmt == WeightFormat::int8 || fmt == WeightFormat::qgroup;
   return amd && lean_int ? kDecodePrefetchAmdInt : kDecodePrefetch;
 }

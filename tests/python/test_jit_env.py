@@ -99,22 +99,24 @@ def test_decode_prefetch_distance_is_tunable(tmp_path):
         names, _, _ = _run({"KT_JIT_DUMP": str(d), "KT_JIT_DECODE_PREFETCH": value})
         return {n: (d / f"{n}.bin").read_bytes() for n in names}
 
-    default, none, near = dump(""), dump("0"), dump("2048")
-    assert set(default) == set(none) == set(near)
+    default, none, near, far = dump(""), dump("0"), dump("2048"), dump("4096")
+    assert set(default) == set(none) == set(near) == set(far)
     decode = [n for n in default if n.startswith("gemm_decode")]
     prefill = [n for n in default if n.startswith("gemm_prefill")]
     assert decode and prefill
     for n in decode:
-        assert len(none[n]) < len(default[n])  # the prefetcht0s are gone
-        assert len(near[n]) == len(default[n]) and near[n] != default[n]  # same code, new offsets
+        assert len(none[n]) < len(near[n])  # 0 drops the prefetcht0s
+        assert len(near[n]) == len(far[n]) and near[n] != far[n]  # same code, new offsets
     for n in prefill:
-        assert none[n] == default[n] == near[n]
-    # The default for these int8 kernels: 1536 bytes on AMD CPUs, 3072 elsewhere.
+        assert none[n] == default[n] == near[n] == far[n]
+    # The default for these int8 kernels: on AMD CPUs none at the AVX-512 levels and 1536 bytes
+    # at avx2, 3072 elsewhere.
     amd = _core.cpu_features()["vendor"] in ("AuthenticAMD", "HygonGenuine")
-    expect = dump("1536" if amd else "3072")
-    other = dump("3072" if amd else "1536")
+    zmm = _core.detected_isa() in ("avx512", "avx512_vnni", "avx512_bf16", "amx")
+    want = "0" if amd and zmm else "1536" if amd else "3072"
+    expect = {"0": none, "1536": dump("1536"), "3072": dump("3072")}[want]
     for n in decode:
-        assert default[n] == expect[n] and default[n] != other[n], n
+        assert default[n] == expect[n] and default[n] != far[n], n
     env = dict(os.environ, KT_JIT_DECODE_PREFETCH="100")
     env.pop("KT_JIT_ISA", None)
     p = subprocess.run(
