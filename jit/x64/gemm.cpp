@@ -31,10 +31,10 @@ namespace {
 // (GGUF / RAWINT4 / GPTQ) kernels, streamed closer to the probe at 1536 (INT8, Q4_K, Q8_0), while
 // FP8 and MXFP4 did worse there and BF16 and INT4 were split: so they take 1536, everything else
 // 3072. On AMD at the AVX-512 levels (a Zen 4 VM, 2026-11-26, in-process A/B of layers generated
-// with each distance, DeepSeek-V3 T = 1) no software prefetch beat every distance for every format
-// (against the old defaults: BF16 1.11x, Q6_K 1.24x, Q5_K 1.19x, Q8_0 1.09x, Q4_0 1.09x, FP8
-// 1.07x, INT8 1.06x, INT4 1.06x, MXFP4 1.02x) except the qgroup kernels of nibbles with super
-// blocks and biases (Q4_K), which ran 2.3x slower without and best at 8192 (1.29x 1536, 1.11x
+// with each distance, DeepSeek-V3 T = 1) no software prefetch beat the old defaults for every
+// format (BF16 1.11x, Q6_K 1.24x, Q5_K 1.19x, Q8_0 1.09x, Q4_0 1.09x, FP8 1.07x, INT8 1.06x,
+// INT4 1.06x, MXFP4 1.02x; 8192 was no better than those) except the qgroup kernels of nibbles with
+// super blocks and biases (Q4_K), which ran 2.3x slower without and best at 8192 (1.29x 1536, 1.11x
 // 4096, 16384 no better). KT_JIT_DECODE_PREFETCH=<bytes> (0 = none, a multiple of 64 up to 65536)
 // overrides it for every kernel this process generates.
 constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchAmdZmmQ4K = 8192;
@@ -1059,7 +1059,7 @@ class GemmGenerator : public JitGenerator {
     jg(inner, T_NEAR);
     L(end);
   }
-  // At a group's end: the next strip's scale lines, one per group and block.
+  // At a group's end: the next strip's scale lines, pf_lines_ per group and block.
   void qgroup_prefetch_scales(bool prefetch_next) {
     if (!prefetch_next) return;
     for (int i = 0; i < pf_lines_; ++i) prefetcht1(ptr[reg_pf + i * 64]);
@@ -1383,7 +1383,7 @@ class GemmGenerator : public JitGenerator {
   // Moves the weight stream on by `bytes`. Decode kernels first prefetch the lines that many
   // bytes further on at decode_prefetch_bytes() ahead: the stream is sequential over the whole
   // call (strip after strip), and the hardware prefetcher alone left 10-25 % of the read
-  // bandwidth unused.
+  // bandwidth unused on a Xeon (not on a Zen 4: decode_prefetch_bytes).
   void advance_w(int bytes) {
     const int ahead = decode_prefetch_bytes(key_);
     if (!prefill_ && ahead > 0)

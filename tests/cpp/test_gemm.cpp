@@ -2,6 +2,7 @@
 // shapes, against the reference kernel (bit for bit) and the reference against plain int64 math.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -407,6 +408,30 @@ TEST(Gemm, Fp8StripScratchTilesMatchReferenceBitwise) {
     EXPECT_GT(test::count_containing(names, "_scratch"), 0u) << isa_name(isa);
   }
   if (checked == 0) GTEST_SKIP() << "no avx2 / avx512 / avx512_vnni level runs here";
+}
+
+// fp8 pair prefill at avx512_bf16 with every tail size after its 6-row blocks (GemmArgs::m_tail,
+// tail_rows_kernel): 1 and 2 rows keep their group sums in zmm8-15, 3-5 on the stack; the sweep
+// above meets only tails of 4 and 5.
+TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 kernels";
+#endif
+  const auto levels = test::kernel_test_levels();
+  if (std::find(levels.begin(), levels.end(), IsaLevel::avx512_bf16) == levels.end())
+    GTEST_SKIP() << "avx512_bf16 neither runs here nor is interpreted";
+  uint32_t seed = 9000;
+  std::vector<std::string> names;
+  for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+    for (int64_t M : {8, 9, 10, 13, 15})  // tails 2, 3, 4, 1, 3 (no multiple of 7: make_outputs)
+      for (int64_t N : {16, 100})
+        for (int64_t K : {64, 130}) {
+          Problem p{IsaLevel::avx512_bf16, WeightFormat::fp8, epi, M, N, K, seed++};
+          ASSERT_TRUE(p.fp8_pairs()) << p.repro();
+          check_problem(p, &names);
+          if (HasFatalFailure()) return;
+        }
+  EXPECT_GT(test::count_containing(names, "fp8_avx512bf16_m6n64_siluup_dpbf16"), 0u);
 }
 
 TEST(Gemm, SiluEpilogueMatchesMathToFp32Accuracy) {
