@@ -24,14 +24,9 @@ float row_amax(const float* x, int64_t k) {
   return amax;
 }
 
-// clamp(rne(x * id), -127, 127). Adding and removing 1.5 * 2^23 rounds half to even for
-// |v| < 2^22 (here |v| <= 127.5).
+// clamp(rne(x * id), -127, 127) (|x * id| <= 127.5).
 inline int32_t rne_clamp127(float x, float id) {
-  constexpr float kRound = 12582912.0f;
-  float v = (x * id + kRound) - kRound;
-  v = v > 127.0f ? 127.0f : v;
-  v = v < -127.0f ? -127.0f : v;
-  return int32_t(v);
+  return int32_t(rne_clamp(x * id, 127.0f));
 }
 
 }  // namespace

@@ -122,4 +122,14 @@ void pack_fp8_strips(const StripLayout& layout, const uint8_t* const* w, const f
                      const float* const* row, uint8_t* out, float* scale, int32_t* comp,
                      float* gscale);
 
+// clamp(rne(v), -limit, limit) for |v| < 2^22: adding and removing 1.5 * 2^23 rounds half to even
+// (as std::nearbyint in the default mode), without a libm call per value. The activation
+// quantizers' rounding (int8 rows, MXFP4 decode's int16 codes).
+inline float rne_clamp(float v, float limit) {
+  constexpr float kRound = 12582912.0f;
+  v = (v + kRound) - kRound;
+  v = v > limit ? limit : v;
+  return v < -limit ? -limit : v;
+}
+
 }  // namespace ktjit::formats
