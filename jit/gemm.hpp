@@ -98,6 +98,10 @@ struct GemmArgs {
   // tail_rows_kernel prefill only: rows after the m_blocks blocks (0 .. m_r - 1), run by the
   // same call over the same (decoded) strip (rows m_blocks * m_r onwards).
   int64_t m_tail;
+  // Prefill kernels: where the call's last strip prefetches "the next strip" (the first strip of
+  // the matrix the caller runs next, e.g. the next expert's), or nullptr for the strip after it
+  // in memory. Every other strip prefetches the one after it.
+  const int8_t* pf_last;
 };
 static_assert(offsetof(GemmArgs, m_blocks) == 88, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, g_per_strip) == 112, "GemmArgs is part of the kernel ABI");
@@ -108,6 +112,8 @@ static_assert(offsetof(GemmArgs, swiglu_alpha) == 148, "GemmArgs is part of the 
 static_assert(offsetof(GemmArgs, scratch) == 152, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, g_per_super) == 160, "GemmArgs is part of the kernel ABI");
 static_assert(offsetof(GemmArgs, s_per_strip) == 168, "GemmArgs is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, m_tail) == 176, "GemmArgs is part of the kernel ABI");
+static_assert(offsetof(GemmArgs, pf_last) == 184, "GemmArgs is part of the kernel ABI");
 
 using GemmFn = void (*)(const GemmArgs*);
 

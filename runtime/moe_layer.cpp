@@ -813,7 +813,8 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
                         const int8_t* w, const float* scale, const int32_t* comp,
                         int64_t strip_begin, int64_t strip_end, const int8_t* a, int64_t lda,
                         const float* a_scale, int64_t rows, float* const* out_rows,
-                        int64_t out_col0, const float* row_weight, const float* gscale) const {
+                        int64_t out_col0, const float* row_weight, const float* gscale,
+                        const int8_t* pf_last) const {
   const int full_cols = layout.strip_cols(layout.strip_vecs);
   const int out_full = gemm_strip_out_cols(isa_, layout.strip_vecs, ks.epilogue);
   // The rows' activation sums of GemmArgs::a_gsum ([g][row]), computed here once per call from
@@ -870,12 +871,16 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
   if (ks.tile_rows && rows >= ks.tile_min_rows)
     if (const int64_t bytes = gemm_scratch_bytes(ks.tile_full, layout.k4))
       if (pair_scratch.size() < size_t(bytes)) pair_scratch.resize(size_t(bytes));
+  const int64_t strips_end = std::min(strip_end, layout.full_strips + (layout.tail_vecs ? 1 : 0));
   int64_t i16_row0 = -1;   // first row of the int16 codes converted in this call (mxfp4 decode)
   int64_t bf16_row0 = -1;  // likewise for the bf16 rows of the fp8 pair kernels
   auto call = [&](const KernelKey& key, const Kernel* k, int64_t s0, int64_t ns, int64_t row0,
                   int64_t m_blocks, int64_t m_tail = 0) {
     GemmArgs args;
     args.m_tail = m_tail;
+    // The range's last strip prefetches the caller's next matrix (pf_last) instead of the bytes
+    // after it.
+    args.pf_last = s0 + ns == strips_end ? pf_last : nullptr;
     args.a = a + row0 * lda;
     args.lda = lda;
     args.scratch = nullptr;
@@ -1169,6 +1174,10 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
     if (t1 > t0)
       std::memset(ss.partial.data() + t0 * s.p_stride, 0, size_t((t1 - t0) * s.p_stride) * 4);
   }
+  // This thread's run of down strips (the down phase below).
+  const int64_t down_strips = sh.down.full_strips + (sh.down.tail_vecs ? 1 : 0);
+  int64_t down_st0, down_st1;
+  split_range(down_strips, tid, nt, &down_st0, &down_st1);
   // Phase: gate+up with the SiLU*up epilogue into h.
   const int64_t gu_strips = sh.gu.full_strips + (sh.gu.tail_vecs ? 1 : 0);
   const int64_t total_cost = ss.gu_cost.back();
@@ -1201,11 +1210,20 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
       a = own_q.data();
       a_scale = own_s.data();
     }
+    // What this thread reads next: the next expert's first gate/up strip, or after its last one
+    // its first down strip (the down phase follows the barrier).
+    const int8_t* next = nullptr;
+    if (const int64_t nu = u + (st1 - st0); nu < u1)
+      next = sh.weights.as<int8_t>() + s.active[size_t(nu / gu_strips)] * sh.expert_bytes +
+             sh.gu.strip_offset(nu % gu_strips);
+    else if (down_st1 > down_st0 && !s.active.empty())
+      next = sh.weights.as<int8_t>() + int64_t(s.active[0]) * sh.expert_bytes +
+             sh.gu.total_bytes() + sh.down.strip_offset(down_st0);
     run_gemm(sh.gu_kernels, sh.gu, reference, sh.weights.as<int8_t>() + e * sh.expert_bytes,
              sh.scales.as<float>() + e * sh.expert_cols,
              sh.comps.as<int32_t>() + e * sh.expert_cols, st0, st1, a, s.lda_x, a_scale, m,
              ss.h_rows.data() + row0, 0, nullptr,
-             sh.expert_gscale ? sh.gscales.as<float>() + e * sh.expert_gscale : nullptr);
+             sh.expert_gscale ? sh.gscales.as<float>() + e * sh.expert_gscale : nullptr, next);
     u += st1 - st0;
   }
   wk.barrier();
@@ -1223,12 +1241,16 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
   const int64_t down_lda = float_act ? ss.h_stride * 4 : ss.lda_h;
   // Phase: down projection; each thread owns a run of output strips and adds the experts into
   // them in ascending expert order, so the sum order never depends on the thread count.
-  const int64_t down_strips = sh.down.full_strips + (sh.down.tail_vecs ? 1 : 0);
-  int64_t st0, st1;
-  split_range(down_strips, tid, nt, &st0, &st1);
+  const int64_t st0 = down_st0, st1 = down_st1;
   if (st0 >= st1) return;
-  for (int e : s.active) {
+  for (size_t ai = 0; ai < s.active.size(); ++ai) {
+    const int e = s.active[ai];
     const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
+    const int8_t* next = ai + 1 < s.active.size()
+                             ? sh.weights.as<int8_t>() +
+                                   int64_t(s.active[ai + 1]) * sh.expert_bytes +
+                                   sh.gu.total_bytes() + sh.down.strip_offset(st0)
+                             : nullptr;
     run_gemm(sh.down_kernels, sh.down, reference,
              sh.weights.as<int8_t>() + int64_t(e) * sh.expert_bytes + sh.gu.total_bytes(),
              sh.scales.as<float>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(),
@@ -1237,7 +1259,8 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
              0, s.row_weight.data() + row0,
              sh.expert_gscale
                  ? sh.gscales.as<float>() + int64_t(e) * sh.expert_gscale + sh.gu.gscale_floats()
-                 : nullptr);
+                 : nullptr,
+             next);
   }
 }
 

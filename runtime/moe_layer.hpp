@@ -222,7 +222,7 @@ class MoELayer {
                 const int8_t* w, const float* scale, const int32_t* comp, int64_t strip_begin,
                 int64_t strip_end, const int8_t* a, int64_t lda, const float* a_scale, int64_t rows,
                 float* const* out_rows, int64_t out_col0, const float* row_weight,
-                const float* gscale) const;
+                const float* gscale, const int8_t* pf_last = nullptr) const;
   MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
            const std::vector<int64_t>& shard_bounds, const formats::GroupedSpec* gu,
            const formats::GroupedSpec* down);

@@ -356,6 +356,16 @@ class GemmGenerator : public JitGenerator {
                                                : kPrefetchBlocks;
         strip_bytes_to(reg_pf);
         add(reg_pf, reg_strip);
+        {  // the call's last strip prefetches GemmArgs::pf_last where the caller gave one
+          Label keep;
+          cmp(qword[rsp], 1);
+          jne(keep, T_NEAR);
+          mov(reg_tmp, arg(offsetof(GemmArgs, pf_last)));
+          test(reg_tmp, reg_tmp);
+          jz(keep, T_NEAR);
+          mov(reg_pf, reg_tmp);
+          L(keep);
+        }
         if (pf_blocks > kFewPrefetchBlocks) {
           // A call of fewer blocks (e.g. 16 rows: two 6-row blocks) would leave most of the
           // next strip to demand misses: its first kFewPrefetchBlocks blocks prefetch
