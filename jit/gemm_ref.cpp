@@ -235,6 +235,12 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   // int16(s_g), both wrapping as vpaddd; then t = fma(scale factor, float(X), t) and
   // t = fma(bias factor, float(Y), t) once per super block
   const bool lanes = key.variant & kQGroupLaneFold;
+  // fp32 super-block partials (kQGroupSuperSums): S = fma(float(acc), float(sub), S) per group,
+  // t = fma(S, factor, t) at the super block's end
+  const bool psums = key.variant & kQGroupSuperSums;
+  if (psums && (!super || bias || fold || lanes))
+    throw std::invalid_argument(
+        "gemm_ref: fp32 super-block partials take two-level scales without a bias");
   const int lane_steps = qgroup_lane_steps(key);
   if (lanes && (args.g_steps > formats::kQGroupI16Steps || !(key.variant & kQGroupI16) ||
                 !(key.variant & kQGroupSuper) || args.g_per_super % 2))
@@ -299,8 +305,8 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
         y[n] = args.a_scale[m] * t;
       }
       for (int n = 0; !fold && n < cols; ++n) {
-        float t = 0.0f;
-        uint32_t lx = 0, ly = 0;  // the lane folds' X and Y
+        float t = 0.0f, ps = 0.0f;  // ps: the super block's fp32 partial (psums)
+        uint32_t lx = 0, ly = 0;    // the lane folds' X and Y
         for (int64_t g = 0; g < args.g_per_strip; ++g) {
           const int8_t* gw = w + (g / gps) * (group_bytes * gps + header_bytes) + header_bytes +
                              (g % gps) * group_bytes;
@@ -361,6 +367,16 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
           if (words) acc += int32_t(lane[0]) + lane[1];
           if (flip) acc -= 128 * gs;
           if (offset) acc -= c0 * gs;
+          if (psums) {
+            ps = std::fma(float(acc), float(gw[code_bytes + n]), ps);
+            if (g % gps == gps - 1) {
+              float f;
+              std::memcpy(&f, w + (g / gps) * (group_bytes * gps + header_bytes) + n * 4, 4);
+              t = std::fma(ps, f, t);
+              ps = 0.0f;
+            }
+            continue;
+          }
           t = std::fma(factor(w, g, n, 0), float(acc), t);
           if (bias) t = std::fma(factor(w, g, n, 1), float(gs), t);
         }

@@ -96,6 +96,13 @@ constexpr uint16_t kQGroupIntFold = 0x1000;
 // FMA. Fewer roundings than the per-group order, not the same bits (docs/FORMATS.md). Requires
 // kQGroupSuper | kQGroupOffset (c0 = 0) | kQGroupI16, and with kQGroupNibbles kQGroupIdentity.
 constexpr uint16_t kQGroupLaneFold = 0x2000;
+// fp32 super-block partials at the VNNI levels (two-level scales without a bias: Q6_K, Q3_K,
+// IQ4_XS): each group's int32 sum is multiplied by its int8 sub-scale alone, into an fp32 partial
+// of the super block, S = fma(float(sum), float(sub), S); at the super block's end
+// t = fma(S, factor, t) and S starts again at zero. One vmulps a vector less per group (the
+// group scale float(sub) * factor is not built), for one FMA per super block; not the same bits as
+// the per-group order (docs/FORMATS.md).
+constexpr uint16_t kQGroupSuperSums = 0x8000;
 
 // KernelKey::variant bit of avx2 prefill tiles of 4 rows for int4 and some qgroup kernels
 // (jit/gemm.hpp half_strip_format / half_strip_kernel): the kernel runs each 4-vector strip in

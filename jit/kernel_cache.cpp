@@ -58,16 +58,16 @@ std::string KernelKey::name() const {
     s << '_';
     if (format == WeightFormat::qgroup)  // qg8, qg4, qg8b, qg4b: code storage and bias term,
       // then u<c0> (offset codes), i (identity table), w (int16 group sums), f (int32
-      // super-block folds), l (int16-lane super-block folds), s (two-level scales),
-      // h16 / hbf (fp16 / bf16 scales)
+      // super-block folds), l (int16-lane super-block folds), p (fp32 super-block partials),
+      // s (two-level scales), h16 / hbf (fp16 / bf16 scales)
       s << "qg" << (variant & kQGroupNibbles ? 4 : 8) << (variant & kQGroupBias ? "b" : "")
         << (variant & kQGroupOffset
                 ? "u" + std::to_string((variant & 0xf0) ? 1 << (((variant >> 4) & 0xf) - 1) : 0)
                 : "")
         << (variant & kQGroupIdentity ? "i" : "") << (variant & kQGroupI16 ? "w" : "")
         << (variant & kQGroupIntFold ? "f" : "") << (variant & kQGroupLaneFold ? "l" : "")
-        << (variant & kQGroupSuper ? "s" : "") << (variant & kQGroupF16 ? "h16" : "")
-        << (variant & kQGroupBf16 ? "hbf" : "");
+        << (variant & kQGroupSuperSums ? "p" : "") << (variant & kQGroupSuper ? "s" : "")
+        << (variant & kQGroupF16 ? "h16" : "") << (variant & kQGroupBf16 ? "hbf" : "");
     else
       s << format_name(format);
     s << '_' << isa_tag(isa) << "_m" << int(m_r) << 'n' << int(n_vec) * vec_lanes(isa) << '_'

@@ -36,8 +36,9 @@ bool env_switch_on(const char* name) {
   throw std::invalid_argument(std::string(name) + " must be 0 or 1, got '" + e + "'");
 }
 
-// KT_JIT_QGROUP_FOLDS=0 keeps the per-group fp32 order at avx2 too: no int32 (kQGroupIntFold) or
-// int16-lane (kQGroupLaneFold) super-block folds, so every level's kernels give the same result
+// KT_JIT_QGROUP_FOLDS=0 keeps the per-group fp32 order at avx2 and the VNNI levels too: no int32
+// (kQGroupIntFold) or int16-lane (kQGroupLaneFold) super-block folds at avx2, no fp32 super-block
+// partials (kQGroupSuperSums) at the VNNI levels, so every level's kernels give the same result
 // bits; read when a layer is built. Unset or 1: the folds where the codes allow them.
 bool qgroup_folds_allowed() {
   return env_switch_on("KT_JIT_QGROUP_FOLDS");
@@ -213,6 +214,8 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     // (the setting is checked on every level: a typo is an error everywhere)
     const bool folds_allowed = qgroup_folds_allowed();
     qg_folds_ = isa == IsaLevel::avx2 && folds_allowed;
+    // and fp32 super-block partials at the VNNI levels (kQGroupSuperSums)
+    qg_psums_ = int8_activation_offset(isa) && folds_allowed;
     for (formats::GroupedSpec* g : {&qg_gu_, &qg_down_})
       g->int_fold = qg_folds_ && formats::qgroup_int_fold(*g);
     qg_store_offset_[0] = qgroup_store_offset(isa, qg_gu_);
@@ -457,7 +460,8 @@ void MoELayer::build_kernels() {
                       (c0 >= 0 ? qgroup_offset_variant(c0) : 0) |
                       (formats::qgroup_int16_sums(g, c0) || lanes ? kQGroupI16 : 0) |
                       (c0 >= 0 && formats::qgroup_identity_table(g, c0) ? kQGroupIdentity : 0) |
-                      (g.int_fold ? kQGroupIntFold : 0) | (lanes ? kQGroupLaneFold : 0));
+                      (g.int_fold ? kQGroupIntFold : 0) | (lanes ? kQGroupLaneFold : 0) |
+                      (qg_psums_ && g.super_group && !g.bias ? kQGroupSuperSums : 0));
     };
     const bool qg = format_ == WeightFormat::qgroup;
     auto k_pairs = [](const formats::StripLayout& l) { return l.k % 2 == 0 && l.g_steps % 2 == 0; };

@@ -251,6 +251,7 @@ class MoELayer {
   // qgroup at avx2: super-block folds (int32 or int16-lane) where the codes allow them, unless
   // KT_JIT_QGROUP_FOLDS=0
   bool qg_folds_ = false;
+  bool qg_psums_ = false;  // fp32 super-block partials (VNNI levels, jit/kernel.hpp)
   IsaLevel isa_;
   int lanes_;
   std::vector<Shard> shards_;

@@ -93,6 +93,7 @@ class GemmGenerator : public JitGenerator {
         qgi_(qg_ && (key.variant & kQGroupIdentity)),
         qgf_(qg_ && (key.variant & kQGroupIntFold)),
         qgl_(qg_ && (key.variant & kQGroupLaneFold)),
+        qgp_(qg_ && (key.variant & kQGroupSuperSums)),
         qglb_(qgl_ && !qg4_),
         qc0_(qgroup_code_offset(key)),
         gsum_(qg_ && qgroup_needs_gsum(key)),
@@ -137,11 +138,12 @@ class GemmGenerator : public JitGenerator {
       throw std::invalid_argument(
           "gemm: fp8 pair kernels (vdpbf16ps) are at avx512_bf16, decode ones of <= 4 rows: " +
           key.describe());
-    if (qg_ && ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper |
-                                 0xf0 | kQGroupF16 | kQGroupBf16 | kQGroupI16 | kQGroupIdentity |
-                                 kQGroupIntFold | kQGroupLaneFold | kHalfStrips)) ||
-                ((key.variant & 0xf0) && !qgo_) ||
-                __builtin_popcount(key.variant & (kQGroupSuper | kQGroupF16 | kQGroupBf16)) > 1))
+    if (qg_ &&
+        ((key.variant & ~(kQGroupNibbles | kQGroupBias | kQGroupOffset | kQGroupSuper | 0xf0 |
+                          kQGroupF16 | kQGroupBf16 | kQGroupI16 | kQGroupIdentity | kQGroupIntFold |
+                          kQGroupLaneFold | kQGroupSuperSums | kHalfStrips)) ||
+         ((key.variant & 0xf0) && !qgo_) ||
+         __builtin_popcount(key.variant & (kQGroupSuper | kQGroupF16 | kQGroupBf16)) > 1))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
     if (qgo_ && (vnni_ || qc0_ > 128))
       throw std::invalid_argument(
@@ -158,6 +160,11 @@ class GemmGenerator : public JitGenerator {
       throw std::invalid_argument(
           "gemm: int32 super-block folds are avx2 kernels of two-level byte codes without a bias "
           "or offset: " +
+          key.describe());
+    if (qgp_ && (!vnni_ || !qgs_ || qgb_ || qgw_ || qgf_ || qgl_))
+      throw std::invalid_argument(
+          "gemm: fp32 super-block partials are VNNI-level kernels of two-level scales without a "
+          "bias: " +
           key.describe());
     if (qgi_ && !(qgo_ && qg4_))
       throw std::invalid_argument("gemm: the identity table is for offset nibble codes: " +
@@ -315,8 +322,8 @@ class GemmGenerator : public JitGenerator {
   void generate() {
     preamble(mx_    ? kMxAccStack + (mx_stack_acc() ? mr_ * nv_ * vec_bytes() : 0)
              : fp8_ ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
-             : qg_  ? qf_scale_slot(nv_) + (qgw_ ? mr_ * nv_ * vec_bytes() : 0) +
-                          (qgl_ && qgb_ ? formats::kQGroupLaneMaxGroups * 32 : 0)
+             : qg_  ? qf_scale_slot(nv_) + (qgw_ || qgp_ ? mr_ * nv_ * vec_bytes() : 0) +
+                         (qgl_ && qgb_ ? formats::kQGroupLaneMaxGroups * 32 : 0)
              : i4w_ ? kI4AccStack + mr_ * nv_ * vec_bytes()
                     : 16);
     load_params();
@@ -685,6 +692,14 @@ class GemmGenerator : public JitGenerator {
       for (int m = 0; m < mr_; ++m)
         for (int v = 0; v < nv_; ++v) vmovups(vmem(rsp + qw_part_slot(m, v)), z);
     }
+    // fp32 super-block partials: the tile's sums t wait on the stack (qw_part_slot, zero here),
+    // the fp32 accumulators hold the super block's partials S
+    if (qgp_) {
+      const Xmm z = qend_tmp(0);
+      vpxord_any(z);
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) vmovups(vmem(rsp + qw_part_slot(m, v)), z);
+    }
     L(group);
     {
       if (qgs_) {  // a new super block: its header (the fp32 factors) is read by each group end
@@ -702,10 +717,28 @@ class GemmGenerator : public JitGenerator {
           for (int v = 0; v < nv_; ++v) vpxord_any(qacc(m, v));
       qgroup_steps(prefetch_next);
       qgroup_group_end(prefetch_next);
+      if (qgp_) {  // the super block's last group: t = fma(S, factor, t), S = 0
+        Label more;
+        test(reg_sg, reg_sg);
+        jnz(more, T_NEAR);
+        const Xmm f = qend_tmp(0);
+        for (int v = 0; v < nv_; ++v) {
+          vmovups(f, vmem(reg_sb + sv(v) * vec_bytes()));
+          for (int m = 0; m < mr_; ++m) {
+            vfmadd213ps(acc(m, v), f, vmem(rsp + qw_part_slot(m, v)));
+            vmovups(vmem(rsp + qw_part_slot(m, v)), acc(m, v));
+            vpxord_any(acc(m, v));
+          }
+        }
+        L(more);
+      }
       dec(reg_gc);
       jnz(group, T_NEAR);
     }
     L(done);
+    if (qgp_)  // the sums back where the epilogues read them
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) vmovups(acc(m, v), vmem(rsp + qw_part_slot(m, v)));
   }
 
   // Int32 super-block folds (kQGroupIntFold, avx2): per super block the int32 sums start at zero;
@@ -905,7 +938,9 @@ class GemmGenerator : public JitGenerator {
     return (qgs2_ ? kQgAccStack + mr_ * nv_ * 64 : 16) + (qgf_ || qglb_ ? v * 32 : 0);
   }
   // int16 group sums (kQGroupI16): the int32 part of (row m, vector v)'s group sum that groups of
-  // more than kQGroupI16Steps K steps widen into on the way, above the other slots.
+  // more than kQGroupI16Steps K steps widen into on the way, above the other slots; fp32
+  // super-block partials (kQGroupSuperSums): (row m, vector v)'s fp32 sum over the super blocks
+  // done.
   int qw_part_slot(int m, int v) const { return qf_scale_slot(nv_) + (m * nv_ + v) * vec_bytes(); }
 
   void vpxord_any(const Xmm& x) {
@@ -943,7 +978,8 @@ class GemmGenerator : public JitGenerator {
     else
       vpmovsxbd(t, qword[sub]);
     vcvtdq2ps(t, t);
-    vmulps(t, t, vmem(reg_sb + (b * sv_ + sv(v)) * vec_bytes()));
+    if (!qgp_)  // fp32 super-block partials take the factor at the super block's end
+      vmulps(t, t, vmem(reg_sb + (b * sv_ + sv(v)) * vec_bytes()));
   }
 
   // t = fma(scale_g, float(acc_g), t); t = fma(bias_g, float(s_g), t); VNNI: acc_g -= 128 * s_g
@@ -2337,6 +2373,7 @@ class GemmGenerator : public JitGenerator {
   const bool qgi_;   // nibbles are the codes (kQGroupIdentity)
   const bool qgf_;   // int32 super-block folds (kQGroupIntFold)
   const bool qgl_;   // int16-lane super-block folds (kQGroupLaneFold)
+  const bool qgp_;   // fp32 super-block partials (kQGroupSuperSums)
   const bool qglb_;  // ... over byte codes: folded every kQGroupByteLaneSteps K steps
   const int qc0_;    // offset codes: c0
   const bool gsum_, nib_;

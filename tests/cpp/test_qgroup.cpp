@@ -61,6 +61,9 @@ struct Problem {
   // [0, 32] (Q5_K's), G <= 32, an even number of groups per super block; needs offset, words,
   // super and with nibbles ident
   bool lanes = false;
+  // fp32 super-block partials (kQGroupSuperSums; the executor's choice at the VNNI levels for
+  // two-level scales without a bias): needs super, no bias
+  bool psums = false;
   // Every code at the table's last entry (bytes: the range's top) and every activation 127: the
   // largest sums an int16 lane meets.
   bool extreme = false;
@@ -93,7 +96,7 @@ struct Problem {
       << " bias=" << bias << " lut=" << (nib ? lut() : -1) << " offset=" << offset << " M=" << M
       << " N=" << N << " K=" << K << " G=" << G << " super=" << super << " half=" << half
       << " words=" << words << " ident=" << ident << " fold=" << fold << " lanes=" << lanes
-      << " seed=" << seed << " (ktjit_tests --gtest_filter='QGroup.*')";
+      << " psums=" << psums << " seed=" << seed << " (ktjit_tests --gtest_filter='QGroup.*')";
     return s.str();
   }
 };
@@ -203,6 +206,7 @@ KernelKey key_for(const Problem& p, KernelKind kind, int m_r, int n_vec) {
   if (p.ident) k.variant |= kQGroupIdentity;
   if (p.fold) k.variant |= kQGroupIntFold;
   if (p.lanes) k.variant |= kQGroupLaneFold;
+  if (p.psums) k.variant |= kQGroupSuperSums;
   return k;
 }
 
@@ -339,11 +343,13 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
       // t = fma(factor, float(sum), t), with factor and subs as the packer splits the scales
       // int16-lane folds: likewise, and with a bias its exact sum of sub-bias * asum, then
       // t = fma(bias factor, float(that sum), t)
-      float fold_f = 0.0f, fold_fb = 0.0f;
+      // fp32 super-block partials: per group ps = fma(float(acc), float(sub), ps), then
+      // t = fma(ps, factor, t) at the super block's end
+      float fold_f = 0.0f, fold_fb = 0.0f, ps = 0.0f;
       int8_t fold_sub[256] = {}, fold_subb[256] = {};
       int64_t fold_sum = 0, fold_bsum = 0;
       for (int64_t g = 0; g < groups; ++g) {
-        if ((p.fold || p.lanes) && g % p.super == 0) {
+        if ((p.fold || p.lanes || p.psums) && g % p.super == 0) {
           ASSERT_TRUE(formats::factor_int8(&s.scales[size_t(n * groups + g)], int(p.super), &fold_f,
                                            fold_sub));
           if (p.bias)
@@ -361,6 +367,14 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
               (p.bias ? double(s.biases[size_t(n * groups + g)]) : 0.0);
           want += double(a) * wv;
           mag += std::fabs(double(a) * wv);
+        }
+        if (p.psums) {
+          ps = std::fma(float(acc), float(fold_sub[g % p.super]), ps);
+          if (g % p.super == p.super - 1) {
+            t = std::fma(ps, fold_f, t);
+            ps = 0.0f;
+          }
+          continue;
         }
         if (p.fold || p.lanes) {
           fold_sum += fold_sub[g % p.super] * acc;
@@ -428,6 +442,9 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
                   p.fold = true;
                   p.offset = p.words = p.ident = false;
                 }
+                // fp32 super-block partials at the VNNI levels on three of four problems with
+                // two-level scales and no bias
+                p.psums = qgroup_flip_codes(isa) && !bias && p.super && (p.seed / 128) % 4 != 0;
                 check_problem(p, &names);
                 if (HasFatalFailure()) return;
                 ++checked;
@@ -459,6 +476,15 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
     // the identity int16 sums without a bias (Q4_0-like u8, u0), with fp32, fp16 and bf16 scales
     // (two-level ones and long groups: HalfStripTilesMatchReference), and of the sign step
     // (Q8_0 / IQ4-like: bytes, and nibbles through a table, one- and two-level scales)
+    // fp32 super-block partials ran at the VNNI levels, bytes and nibbles, decode and prefill
+    if (qgroup_flip_codes(isa)) {
+      EXPECT_GE(test::count_containing(names, "qg8ps_" + std::string(isa_tag_of(isa))), 4u)
+          << isa_name(isa);
+      EXPECT_GE(test::count_containing(names, "qg4ps_" + std::string(isa_tag_of(isa))), 4u)
+          << isa_name(isa);
+      EXPECT_GE(test::count_containing(names, "ps_" + std::string(isa_tag_of(isa)) + "_m3"), 1u)
+          << isa_name(isa);
+    }
     if (isa == IsaLevel::avx2) {
       for (const char* n : {"u8iw_avx2_m4", "u0iw_avx2_m4", "iwh16_avx2_m4", "iwhbf_avx2_m4",
                             "_qg8_avx2_m4", "_qg4_avx2_m4", "_qg4s_avx2_m4", "_qg8h16_avx2_m4"})

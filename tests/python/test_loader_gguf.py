@@ -273,10 +273,15 @@ def test_moe_per_integer_type(ref, tmp_path, name):
     # Q4_K and Q2_K at avx2 run the int16-lane super-block folds (kQGroupLaneFold), nothing else
     lanes = [n for n in wr.moe.kernel_names() if "iwls_" in n]
     assert bool(lanes) == (name in ("Q4_K", "Q2_K") and wr.moe.isa == "avx2"), wr.moe.kernel_names()
+    # two-level scales without a bias at the VNNI levels run the fp32 super-block partials
+    # (kQGroupSuperSums), nothing else
+    psums = [n for n in wr.moe.kernel_names() if "ps_" in n]
+    vnni = wr.moe.isa in ("avx512_vnni", "avx512_bf16", "amx")
+    assert bool(psums) == (name in ("Q6_K", "Q3_K", "IQ4_XS") and vnni), wr.moe.kernel_names()
 
 
 @needs_grouped
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS"])
 def test_qgroup_folds_can_be_turned_off(ref, tmp_path, monkeypatch, name):
     """KT_JIT_QGROUP_FOLDS=0: the per-group fp32 order at avx2 too (no super-block folds), still
     within the bars; any value but 0 or 1 is refused when the layer is built."""
@@ -287,7 +292,7 @@ def test_qgroup_folds_can_be_turned_off(ref, tmp_path, monkeypatch, name):
     check_moe(ref, wr, gate, up, down, 3e-2, actq=wr.moe.shard_bounds)
     names = wr.moe.kernel_names()
     assert names or wr.moe.isa == "ref"
-    assert not [n for n in names if "iwls_" in n or "_qg8fs_" in n], names
+    assert not [n for n in names if "iwls_" in n or "_qg8fs_" in n or "ps_" in n], names
     # a bad value is an error on every level, not only where the folds exist
     monkeypatch.setenv("KT_JIT_QGROUP_FOLDS", "yes")
     with pytest.raises(ValueError, match="KT_JIT_QGROUP_FOLDS must be 0 or 1"):
