@@ -33,14 +33,14 @@ inline int32_t rne_clamp127(float x, float id) {
 
 float quantize_row_int8(const float* x, int64_t k, int8_t* q) {
   const float d = row_amax(x, k) / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const float id = inverse_scale(d);
   for (int64_t i = 0; i < k; ++i) q[i] = int8_t(rne_clamp127(x[i], id));
   return d;
 }
 
 float quantize_row_int4(const float* x, int64_t k, int8_t* q16) {
   const float d = row_amax(x, k) / 112.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const float id = inverse_scale(d);
   for (int64_t i = 0; i < k; ++i) {
     const int32_t q8 = rne_clamp127(x[i], id);
     // kt-kernel's round_4bit_s8: |q8| rounded to a multiple of 16, half away from zero.

@@ -14,8 +14,15 @@
 namespace ktjit::formats {
 
 // Quantizes one row of `k` floats into `q` (k bytes) and returns its scale d (0 for an all-zero
-// row).
+// row): q = clamp(rne(x * inverse_scale(d)), -127, 127), d = max |x| / 127.
 float quantize_row_int8(const float* x, int64_t k, int8_t* q);
+
+// 1 / d, or 0 where that is not finite (d = 0, or a row so small, max |x| < 127 * 2^-128, that
+// 1 / d overflows): such rows quantize to zeros.
+inline float inverse_scale(float d) {
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  return id - id == 0.0f ? id : 0.0f;  // inf - inf is NaN
+}
 
 // XOR 0x80 on every byte: int8 a <-> unsigned a + 128 (the activation form VNNI kernels take).
 void flip_sign_bits(int8_t* q, int64_t n);

@@ -8,6 +8,7 @@
 #include "jit/x64/amx_gemm.hpp"
 #include "jit/x64/bench_loops.hpp"
 #include "jit/x64/gemm.hpp"
+#include "jit/x64/quantize.hpp"
 #endif
 
 namespace ktjit {
@@ -34,6 +35,12 @@ std::vector<uint8_t> generate_code(const KernelKey& key) {
       if (isa_is_neon(key.isa)) return aarch64::generate_peak_loop(key);
 #if defined(__x86_64__)
       return x64::generate_peak_loop(key);
+#else
+      break;
+#endif
+    case KernelKind::quantize:  // x86 only: elsewhere the C++ quantizer runs
+#if defined(__x86_64__)
+      return x64::generate_quantize(key);
 #else
       break;
 #endif

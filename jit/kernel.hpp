@@ -23,6 +23,7 @@ enum class KernelKind : uint8_t {
   gemm_prefill = 1,  // M-block loop inside each strip so the strip is reused from cache
   peak_loop = 2,     // throughput loop for one instruction (benchmarks)
   read_stream = 3,   // streaming read (benchmarks)
+  quantize = 4,      // activation rows to int8 (jit/quantize.hpp)
 };
 
 enum class WeightFormat : uint8_t {

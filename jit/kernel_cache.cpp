@@ -17,6 +17,7 @@ const char* kind_name(KernelKind k) {
     case KernelKind::gemm_prefill: return "gemm_prefill";
     case KernelKind::peak_loop: return "peak";
     case KernelKind::read_stream: return "read_stream";
+    case KernelKind::quantize: return "quantize";
   }
   return "?";
 }
@@ -80,6 +81,11 @@ std::string KernelKey::name() const {
     if (format != WeightFormat::qgroup && (variant & kStripScratch)) s << "_scratch";
     if ((format == WeightFormat::int4 || format == WeightFormat::qgroup) && (variant & kHalfStrips))
       s << "_halves";
+  } else if (kind == KernelKind::quantize) {  // quantize_int8_<tag>_amax / _round / _round_flip
+    s << '_' << format_name(format) << '_' << isa_tag(isa) << '_'
+      << (variant == 0   ? "amax"
+          : variant == 1 ? "round"
+                         : "round_flip");
   } else {
     s << '_' << isa_tag(isa) << "_v" << int(variant);
   }

@@ -447,6 +447,7 @@ std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, 
 // (the kernels themselves are shared through the cache).
 void MoELayer::build_kernels() {
   auto& cache = KernelCache::instance();
+  rowq_ = RowQuantizer(isa_);
   for (Shard& sh : shards_) {
     auto qg_variant = [&](const formats::GroupedSpec& g) {
       const int c0 = qgroup_offset(isa_, g);
@@ -997,15 +998,14 @@ namespace {
 // when the ISA wants it) with its scale, or the fp32 row as it is (bf16/fp8 weights); the padding
 // up to `lda` bytes reads as zero. Every quantize path (prefill per token, decode per row inside
 // gate/up) goes through here, so the numbers never depend on the path.
-void quantize_act_row(const float* x, int64_t n, bool float_act, bool flip, int64_t lda, int8_t* q,
-                      float* scale) {
+void quantize_act_row(const RowQuantizer& rq, const float* x, int64_t n, bool float_act, bool flip,
+                      int64_t lda, int8_t* q, float* scale) {
   const int64_t bytes = n * (float_act ? 4 : 1);
   if (float_act) {
     std::memcpy(q, x, size_t(n) * 4);
     *scale = 1.0f;
   } else {
-    *scale = formats::quantize_row_int8(x, n, q);
-    if (flip) formats::flip_sign_bits(q, n);
+    *scale = rq.quantize(x, n, q, flip);
   }
   // int8 zero is byte 0x80 in the VNNI (a + 128) form.
   std::memset(q + bytes, flip && !float_act ? 0x80 : 0, size_t(lda - bytes));
@@ -1079,6 +1079,9 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
   s.shards.resize(size_t(S));
   for (int si = 0; si < S; ++si) prepare_shard(si, s);
 
+  // The generated quantizers, or (reference) the C++ one: the same bits.
+  static const RowQuantizer cxx_quantizer;
+  const RowQuantizer& rq = reference ? cxx_quantizer : rowq_;
   pool.run_pools([&](const PoolWork& wk) {
     if (wk.pool >= S) return;  // fewer shards than pools
     if (!s.decode) {
@@ -1087,7 +1090,7 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
       int64_t t0, t1;
       split_range(T, wk.tid, wk.nt, &t0, &t1);
       for (int64_t t = t0; t < t1; ++t)
-        quantize_act_row(x + t * H, H, float_act, flip, s.lda_x, ps.xq.data() + t * s.lda_x,
+        quantize_act_row(rq, x + t * H, H, float_act, flip, s.lda_x, ps.xq.data() + t * s.lda_x,
                          &ps.xs[size_t(t)]);
       wk.barrier();
       // Gather each expert's rows so its tile reads them at a fixed stride.
@@ -1172,6 +1175,8 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
   const bool float_act =
       format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8 || is_mx_format(format_);
   const int tid = wk.tid, nt = wk.nt;
+  static const RowQuantizer cxx_quantizer;  // the reference runs the C++ one (the same bits)
+  const RowQuantizer& rq = reference ? cxx_quantizer : rowq_;
   {  // this shard's partial starts at zero; down accumulates into it after a barrier
     int64_t t0, t1;
     split_range(s.T, tid, nt, &t0, &t1);
@@ -1209,7 +1214,7 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
       own_q.resize(size_t(m * s.lda_x));
       own_s.resize(size_t(m));
       for (int64_t i = 0; i < m; ++i)
-        quantize_act_row(s.x + int64_t(s.row_token[size_t(row0 + i)]) * H, H, float_act, flip,
+        quantize_act_row(rq, s.x + int64_t(s.row_token[size_t(row0 + i)]) * H, H, float_act, flip,
                          s.lda_x, own_q.data() + i * s.lda_x, &own_s[size_t(i)]);
       a = own_q.data();
       a_scale = own_s.data();
@@ -1237,7 +1242,7 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
     int64_t r0, r1;
     split_range(rows, tid, nt, &r0, &r1);
     for (int64_t r = r0; r < r1; ++r)
-      quantize_act_row(ss.h.data() + r * ss.h_stride, is, false, flip_h, ss.lda_h,
+      quantize_act_row(rq, ss.h.data() + r * ss.h_stride, is, false, flip_h, ss.lda_h,
                        ss.hq.data() + r * ss.lda_h, &ss.hs[size_t(r)]);
     wk.barrier();
   }

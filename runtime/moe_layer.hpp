@@ -15,6 +15,7 @@
 #include "jit/cpu/cpu.hpp"
 #include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
+#include "runtime/row_quant.hpp"
 #include "runtime/thread_pool.hpp"
 
 namespace ktjit {
@@ -252,6 +253,7 @@ class MoELayer {
   // KT_JIT_QGROUP_FOLDS=0
   bool qg_folds_ = false;
   bool qg_psums_ = false;  // fp32 super-block partials (VNNI levels, jit/kernel.hpp)
+  RowQuantizer rowq_;      // activation rows to int8 (build_kernels)
   IsaLevel isa_;
   int lanes_;
   std::vector<Shard> shards_;
