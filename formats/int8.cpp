@@ -7,8 +7,6 @@
 
 namespace ktjit::formats {
 
-namespace {
-
 // amax over |x| in the integer domain: for non-negative floats the bit patterns order like the
 // values, and an integer max loop vectorizes with the baseline SSE2 the core is built for.
 float row_amax(const float* x, int64_t k) {
@@ -24,6 +22,8 @@ float row_amax(const float* x, int64_t k) {
   return amax;
 }
 
+namespace {
+
 // clamp(rne(x * id), -127, 127) (|x * id| <= 127.5).
 inline int32_t rne_clamp127(float x, float id) {
   return int32_t(rne_clamp(x * id, 127.0f));
@@ -31,10 +31,13 @@ inline int32_t rne_clamp127(float x, float id) {
 
 }  // namespace
 
+void quantize_int8_with(const float* x, int64_t k, float id, int8_t* q) {
+  for (int64_t i = 0; i < k; ++i) q[i] = int8_t(rne_clamp127(x[i], id));
+}
+
 float quantize_row_int8(const float* x, int64_t k, int8_t* q) {
   const float d = row_amax(x, k) / 127.0f;
-  const float id = inverse_scale(d);
-  for (int64_t i = 0; i < k; ++i) q[i] = int8_t(rne_clamp127(x[i], id));
+  quantize_int8_with(x, k, inverse_scale(d), q);
   return d;
 }
 

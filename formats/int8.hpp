@@ -17,6 +17,11 @@ namespace ktjit::formats {
 // row): q = clamp(rne(x * inverse_scale(d)), -127, 127), d = max |x| / 127.
 float quantize_row_int8(const float* x, int64_t k, int8_t* q);
 
+// Its two steps, for callers that do part of a row elsewhere (runtime/row_quant.cpp): max |x|
+// (compared as bit patterns), and q = clamp(rne(x * id), -127, 127) with id = inverse_scale(d).
+float row_amax(const float* x, int64_t k);
+void quantize_int8_with(const float* x, int64_t k, float id, int8_t* q);
+
 // 1 / d, or 0 where that is not finite (d = 0, or a row so small, max |x| < 127 * 2^-128, that
 // 1 / d overflows): such rows quantize to zeros.
 inline float inverse_scale(float d) {

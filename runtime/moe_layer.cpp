@@ -998,6 +998,12 @@ namespace {
 // when the ISA wants it) with its scale, or the fp32 row as it is (bf16/fp8 weights); the padding
 // up to `lda` bytes reads as zero. Every quantize path (prefill per token, decode per row inside
 // gate/up) goes through here, so the numbers never depend on the path.
+// The C++ quantizer, which the reference forward runs (the generated ones give the same bits).
+const RowQuantizer& cxx_row_quantizer() {
+  static const RowQuantizer q;
+  return q;
+}
+
 void quantize_act_row(const RowQuantizer& rq, const float* x, int64_t n, bool float_act, bool flip,
                       int64_t lda, int8_t* q, float* scale) {
   const int64_t bytes = n * (float_act ? 4 : 1);
@@ -1079,9 +1085,7 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
   s.shards.resize(size_t(S));
   for (int si = 0; si < S; ++si) prepare_shard(si, s);
 
-  // The generated quantizers, or (reference) the C++ one: the same bits.
-  static const RowQuantizer cxx_quantizer;
-  const RowQuantizer& rq = reference ? cxx_quantizer : rowq_;
+  const RowQuantizer& rq = reference ? cxx_row_quantizer() : rowq_;
   pool.run_pools([&](const PoolWork& wk) {
     if (wk.pool >= S) return;  // fewer shards than pools
     if (!s.decode) {
@@ -1175,14 +1179,16 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
   const bool float_act =
       format_ == WeightFormat::bf16 || format_ == WeightFormat::fp8 || is_mx_format(format_);
   const int tid = wk.tid, nt = wk.nt;
-  static const RowQuantizer cxx_quantizer;  // the reference runs the C++ one (the same bits)
-  const RowQuantizer& rq = reference ? cxx_quantizer : rowq_;
+  const RowQuantizer& rq = reference ? cxx_row_quantizer() : rowq_;
   {  // this shard's partial starts at zero; down accumulates into it after a barrier
     int64_t t0, t1;
     split_range(s.T, tid, nt, &t0, &t1);
     if (t1 > t0)
       std::memset(ss.partial.data() + t0 * s.p_stride, 0, size_t((t1 - t0) * s.p_stride) * 4);
   }
+  // An expert's packed gate/up and down matrices (down follows gate/up).
+  auto gu_w = [&](int64_t e) { return sh.weights.as<int8_t>() + e * sh.expert_bytes; };
+  auto down_w = [&](int64_t e) { return gu_w(e) + sh.gu.total_bytes(); };
   // This thread's run of down strips (the down phase below).
   const int64_t down_strips = sh.down.full_strips + (sh.down.tail_vecs ? 1 : 0);
   int64_t down_st0, down_st1;
@@ -1223,13 +1229,10 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
     // its first down strip (the down phase follows the barrier).
     const int8_t* next = nullptr;
     if (const int64_t nu = u + (st1 - st0); nu < u1)
-      next = sh.weights.as<int8_t>() + s.active[size_t(nu / gu_strips)] * sh.expert_bytes +
-             sh.gu.strip_offset(nu % gu_strips);
+      next = gu_w(s.active[size_t(nu / gu_strips)]) + sh.gu.strip_offset(nu % gu_strips);
     else if (down_st1 > down_st0 && !s.active.empty())
-      next = sh.weights.as<int8_t>() + int64_t(s.active[0]) * sh.expert_bytes +
-             sh.gu.total_bytes() + sh.down.strip_offset(down_st0);
-    run_gemm(sh.gu_kernels, sh.gu, reference, sh.weights.as<int8_t>() + e * sh.expert_bytes,
-             sh.scales.as<float>() + e * sh.expert_cols,
+      next = down_w(s.active[0]) + sh.down.strip_offset(down_st0);
+    run_gemm(sh.gu_kernels, sh.gu, reference, gu_w(e), sh.scales.as<float>() + e * sh.expert_cols,
              sh.comps.as<int32_t>() + e * sh.expert_cols, st0, st1, a, s.lda_x, a_scale, m,
              ss.h_rows.data() + row0, 0, nullptr,
              sh.expert_gscale ? sh.gscales.as<float>() + e * sh.expert_gscale : nullptr, next);
@@ -1255,13 +1258,9 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
   for (size_t ai = 0; ai < s.active.size(); ++ai) {
     const int e = s.active[ai];
     const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
-    const int8_t* next = ai + 1 < s.active.size()
-                             ? sh.weights.as<int8_t>() +
-                                   int64_t(s.active[ai + 1]) * sh.expert_bytes +
-                                   sh.gu.total_bytes() + sh.down.strip_offset(st0)
-                             : nullptr;
-    run_gemm(sh.down_kernels, sh.down, reference,
-             sh.weights.as<int8_t>() + int64_t(e) * sh.expert_bytes + sh.gu.total_bytes(),
+    const int8_t* next =
+        ai + 1 < s.active.size() ? down_w(s.active[ai + 1]) + sh.down.strip_offset(st0) : nullptr;
+    run_gemm(sh.down_kernels, sh.down, reference, down_w(e),
              sh.scales.as<float>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(),
              sh.comps.as<int32_t>() + int64_t(e) * sh.expert_cols + sh.gu.total_cols(), st0, st1,
              down_a + row0 * down_lda, down_lda, ss.hs.data() + row0, m, ss.out_rows.data() + row0,

@@ -1,7 +1,5 @@
 #include "runtime/row_quant.hpp"
 
-#include <cstring>
-
 #include "formats/int8.hpp"
 #include "jit/quantize.hpp"
 
@@ -34,29 +32,16 @@ float RowQuantizer::quantize(const float* x, int64_t n, int8_t* q, bool flip) co
     if (flip) formats::flip_sign_bits(q, n);
     return d;
   }
-  float lanes[16];
-  QuantArgs args{x, blocks, q, lanes, 0.0f};
+  // the row's max |x|: the kernel's 16 lanes and the tail's, compared as formats::row_amax does
+  float parts[17];
+  QuantArgs args{x, blocks, q, parts, 0.0f};
   reinterpret_cast<QuantFn>(const_cast<void*>(amax_->entry()))(&args);
-  // formats' row_amax: the max of |x| as bit patterns (the lanes hold |x| already)
-  uint32_t amax_bits = 0;
-  auto take = [&](float v) {
-    uint32_t b;
-    std::memcpy(&b, &v, 4);
-    b &= 0x7fffffffu;
-    amax_bits = b > amax_bits ? b : amax_bits;
-  };
-  for (float v : lanes) take(v);
-  for (int64_t i = body; i < n; ++i) take(x[i]);
-  float amax;
-  std::memcpy(&amax, &amax_bits, 4);
-  const float d = amax / 127.0f;
-  const float id = formats::inverse_scale(d);
-  args.id = id;
+  parts[16] = formats::row_amax(x + body, n - body);
+  const float d = formats::row_amax(parts, 17) / 127.0f;
+  args.id = formats::inverse_scale(d);
   reinterpret_cast<QuantFn>(const_cast<void*>(round_[flip ? 1 : 0]->entry()))(&args);
-  for (int64_t i = body; i < n; ++i) {
-    const int8_t v = int8_t(formats::rne_clamp(x[i] * id, 127.0f));
-    q[i] = flip ? int8_t(uint8_t(v) ^ 0x80u) : v;
-  }
+  formats::quantize_int8_with(x + body, n - body, args.id, q + body);
+  if (flip) formats::flip_sign_bits(q + body, n - body);
   return d;
 }
 

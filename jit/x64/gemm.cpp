@@ -686,15 +686,10 @@ class GemmGenerator : public JitGenerator {
     test(reg_gc, reg_gc);
     jle(done, T_NEAR);
     if (qgs_) xor_(reg_sg.cvt32(), reg_sg.cvt32());
-    if (qgw_) {  // the int32 parts start at zero (each group end that used them zeroes them)
-      const Xmm z = qend_tmp(0);
-      vpxord_any(z);
-      for (int m = 0; m < mr_; ++m)
-        for (int v = 0; v < nv_; ++v) vmovups(vmem(rsp + qw_part_slot(m, v)), z);
-    }
-    // fp32 super-block partials: the tile's sums t wait on the stack (qw_part_slot, zero here),
-    // the fp32 accumulators hold the super block's partials S
-    if (qgp_) {
+    // The stack slots start at zero: int16 group sums' int32 parts (each group end that used
+    // them zeroes them), or the fp32 super-block partials' sums t (the fp32 accumulators then
+    // hold the super block's partials S).
+    if (qgw_ || qgp_) {
       const Xmm z = qend_tmp(0);
       vpxord_any(z);
       for (int m = 0; m < mr_; ++m)
