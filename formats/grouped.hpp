@@ -49,11 +49,12 @@ struct GroupedSpec {
   // bf16, GPTQ's f16); the packer refuses a value the type does not hold exactly. Half the bytes
   // of fp32 scales, the same result bits (the kernels widen exactly).
   FloatType scale_dtype = FloatType::f32;
-  // Int32 super-block folds (jit/kernel.hpp kQGroupIntFold; set by the layer at avx2 where
-  // qgroup_int_fold allows): byte codes stored signed (offset 0), the activations taken as
-  // a + 128 (unsigned), the int8 sub-scales multiplied in int32, and one fp32 fold per super
-  // block. Each super block's header then holds, after the fp32 factor of every column, an int32
-  // per column: 128 * sum over its groups of sub * (sum of the group's codes), the term the
+  // Int32 super-block folds (jit/kernel.hpp kQGroupIntFold; set by the layer at avx2, and with
+  // fp32 super-block partials at the VNNI levels, where qgroup_int_fold allows): byte codes stored
+  // signed (offset 0), the activations taken as a + 128 (unsigned); at avx2 the int8 sub-scales
+  // multiplied in int32 and one fp32 fold per super block. Each super block's header then holds,
+  // after the fp32 factor of every column, an int32 per column: 128 * sum over its groups of sub *
+  // (sum of the group's codes), the term the
   // + 128 adds.
   bool int_fold = false;
 };

@@ -329,7 +329,8 @@ float vdpbf16ps_lane(float acc, uint32_t a, uint32_t b);
 // random lanes (subnormals, cancellations, exponent gaps, inf/NaN): no mismatch.
 // `a` and `b` hold the pair as two bf16, element 2p in the low half.
 float bfdot_lane(float acc, uint32_t a, uint32_t b);
-// qgroup: codes are stored (and the LUT passed) XOR 0x80 at this level.
+// qgroup: codes are stored (and the LUT passed) XOR 0x80 at this level, except the signed codes of
+// kQGroupIntFold keys.
 inline bool qgroup_flip_codes(IsaLevel isa) {
   return int8_activation_offset(isa);
 }
@@ -354,7 +355,8 @@ int qgroup_lane_steps(const KernelKey& key);
 // qgroup: whether the kernels read GemmArgs::a_gsum (the VNNI offset, the bias term, or the
 // offset codes' c0 * s_g).
 inline bool qgroup_needs_gsum(const KernelKey& key) {
-  return (key.variant & kQGroupBias) || qgroup_flip_codes(key.isa) || qgroup_code_offset(key);
+  return (key.variant & kQGroupBias) ||
+         (qgroup_flip_codes(key.isa) && !(key.variant & kQGroupIntFold)) || qgroup_code_offset(key);
 }
 
 // Strips are 4 vectors of columns wide; a tail strip may hold fewer vectors.

@@ -199,7 +199,7 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
   const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
   const int rows = key.m_r;
-  const uint8_t flip = qgroup_flip_codes(key.isa) ? 0x80 : 0;
+  const uint8_t flip = qgroup_flip_codes(key.isa) && !(key.variant & kQGroupIntFold) ? 0x80 : 0;
   // offset codes (kQGroupOffset): the table holds code + c0, read unsigned; c0 * s_g comes off
   const bool offset = key.variant & kQGroupOffset;
   const int32_t c0 = qgroup_code_offset(key);
@@ -238,7 +238,12 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   // fp32 super-block partials (kQGroupSuperSums): S = fma(float(acc), float(sub), S) per group,
   // t = fma(S, factor, t) at the super block's end
   const bool psums = key.variant & kQGroupSuperSums;
-  if (psums && (!super || bias || fold || lanes))
+  // with int32-fold codes (kQGroupIntFold, VNNI levels): the activations are a + 128 (unsigned),
+  // the codes signed, acc their exact int32 sum per group, and at the super block's end
+  // t = fma(S - float(header's int32 correction), factor, t)
+  const bool signed_psums = psums && fold;
+  const bool fold32 = fold && !psums;  // the avx2 int32 folds
+  if (psums && (!super || bias || lanes))
     throw std::invalid_argument(
         "gemm_ref: fp32 super-block partials take two-level scales without a bias");
   const int lane_steps = qgroup_lane_steps(key);
@@ -273,7 +278,7 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
     for (int64_t m = 0; m < blocks * rows; ++m) {
       const int8_t* a = args.a + m * args.lda;
       float y[64];
-      for (int n = 0; fold && n < cols; ++n) {
+      for (int n = 0; fold32 && n < cols; ++n) {
         float t = 0.0f;
         for (int64_t sb = 0; sb < args.g_per_strip / gps; ++sb) {
           const int8_t* hw = w + sb * (group_bytes * gps + header_bytes);
@@ -304,14 +309,15 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
         }
         y[n] = args.a_scale[m] * t;
       }
-      for (int n = 0; !fold && n < cols; ++n) {
+      for (int n = 0; !fold32 && n < cols; ++n) {
         float t = 0.0f, ps = 0.0f;  // ps: the super block's fp32 partial (psums)
         uint32_t lx = 0, ly = 0;    // the lane folds' X and Y
         for (int64_t g = 0; g < args.g_per_strip; ++g) {
           const int8_t* gw = w + (g / gps) * (group_bytes * gps + header_bytes) + header_bytes +
                              (g % gps) * group_bytes;
           // As the kernel sees them: VNNI levels multiply a by the stored byte as unsigned
-          // (code + 128) and remove 128 * s_g (read from a_gsum); the others by the signed code.
+          // (code + 128) and remove 128 * s_g (read from a_gsum), or with signed codes
+          // (signed_psums) a + 128 by the code; the others a by the signed code.
           const int32_t gs =
               args.a_gsum && qgroup_needs_gsum(key) ? args.a_gsum[g * (args.a_gsum_ld / 4) + m] : 0;
           int32_t acc = 0;
@@ -330,7 +336,8 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
             for (int j = 0; j < 4; j += 2) {
               int32_t pair = 0;
               for (int i = j; i < j + 2; ++i) {
-                const int32_t av = a[(g * args.g_steps + st) * 4 + i];
+                const int8_t ab = a[(g * args.g_steps + st) * 4 + i];
+                const int32_t av = signed_psums ? int32_t(uint8_t(ab)) : int32_t(ab);
                 uint8_t b;
                 if (nib) {
                   const uint8_t pr = uint8_t(gw[(st / 2) * cols * 4 + n * 4 + i]);
@@ -370,8 +377,14 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
           if (psums) {
             ps = std::fma(float(acc), float(gw[code_bytes + n]), ps);
             if (g % gps == gps - 1) {
+              const int8_t* hw = w + (g / gps) * (group_bytes * gps + header_bytes);
               float f;
-              std::memcpy(&f, w + (g / gps) * (group_bytes * gps + header_bytes) + n * 4, 4);
+              std::memcpy(&f, hw + n * 4, 4);
+              if (signed_psums) {
+                int32_t corr;
+                std::memcpy(&corr, hw + (cols + n) * 4, 4);
+                ps -= float(corr);
+              }
               t = std::fma(ps, f, t);
               ps = 0.0f;
             }

@@ -102,7 +102,10 @@ constexpr uint16_t kQGroupLaneFold = 0x2000;
 // of the super block, S = fma(float(sum), float(sub), S); at the super block's end
 // t = fma(S, factor, t) and S starts again at zero. One vmulps a vector less per group (the
 // group scale float(sub) * factor is not built), for one FMA per super block; not the same bits as
-// the per-group order (docs/FORMATS.md).
+// the per-group order (docs/FORMATS.md). With kQGroupIntFold (codes within [-32, 32]: Q6_K,
+// Q3_K) the codes are signed and the activations a + 128, vpdpbusd's unsigned operand, and at the
+// super block's end t = fma(S - float(the header's int32 correction), factor, t): no per-group
+// 128 * s_g, no a_gsum.
 constexpr uint16_t kQGroupSuperSums = 0x8000;
 
 // KernelKey::variant bit of avx2 prefill tiles of 4 rows for int4 and some qgroup kernels

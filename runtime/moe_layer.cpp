@@ -62,7 +62,7 @@ int qgroup_offset(IsaLevel isa, const formats::GroupedSpec& g) {
 // What the packed byte codes and the kernels' table hold beyond each code at `isa`: + 128 at VNNI
 // levels (the XOR 0x80 of their unsigned operand), + c0 for offset codes, else nothing.
 int qgroup_store_offset(IsaLevel isa, const formats::GroupedSpec& g) {
-  return qgroup_flip_codes(isa) ? 128 : std::max(0, qgroup_offset(isa, g));
+  return qgroup_flip_codes(isa) && !g.int_fold ? 128 : std::max(0, qgroup_offset(isa, g));
 }
 
 int64_t round_up(int64_t x, int64_t m) {
@@ -216,8 +216,11 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
     qg_folds_ = isa == IsaLevel::avx2 && folds_allowed;
     // and fp32 super-block partials at the VNNI levels (kQGroupSuperSums)
     qg_psums_ = int8_activation_offset(isa) && folds_allowed;
+    // Where the codes allow int32 folds (Q6_K, Q3_K) the VNNI partials take them signed too: the
+    // activations come as a + 128 and the super block's header corrects for it, so no group end
+    // subtracts 128 * s_g and no call sums the rows' groups (kQGroupIntFold | kQGroupSuperSums).
     for (formats::GroupedSpec* g : {&qg_gu_, &qg_down_})
-      g->int_fold = qg_folds_ && formats::qgroup_int_fold(*g);
+      g->int_fold = (qg_folds_ || qg_psums_) && formats::qgroup_int_fold(*g);
     qg_store_offset_[0] = qgroup_store_offset(isa, qg_gu_);
     qg_store_offset_[1] = qgroup_store_offset(isa, qg_down_);
     formats::qgroup_kernel_lut(qg_gu_, qg_store_offset_[0], qg_lut_[0]);

@@ -156,12 +156,13 @@ class GemmGenerator : public JitGenerator {
           "gemm: int16-lane super-block folds are avx2 kernels of two-level byte or identity "
           "nibble codes without an offset, with int16 group sums: " +
           key.describe());
-    if (qgf_ && (key.isa != IsaLevel::avx2 || !qgs_ || qgb_ || qg4_ || qgo_ || qgw_))
+    if (qgf_ &&
+        ((key.isa != IsaLevel::avx2 && !(vnni_ && qgp_)) || !qgs_ || qgb_ || qg4_ || qgo_ || qgw_))
       throw std::invalid_argument(
-          "gemm: int32 super-block folds are avx2 kernels of two-level byte codes without a bias "
-          "or offset: " +
+          "gemm: int32 super-block folds are avx2 kernels (or, signed codes, VNNI-level fp32 "
+          "super-block partials) of two-level byte codes without a bias or offset: " +
           key.describe());
-    if (qgp_ && (!vnni_ || !qgs_ || qgb_ || qgw_ || qgf_ || qgl_))
+    if (qgp_ && (!vnni_ || !qgs_ || qgb_ || qgw_ || qgl_))
       throw std::invalid_argument(
           "gemm: fp32 super-block partials are VNNI-level kernels of two-level scales without a "
           "bias: " +
@@ -712,14 +713,19 @@ class GemmGenerator : public JitGenerator {
           for (int v = 0; v < nv_; ++v) vpxord_any(qacc(m, v));
       qgroup_steps(prefetch_next);
       qgroup_group_end(prefetch_next);
-      if (qgp_) {  // the super block's last group: t = fma(S, factor, t), S = 0
+      if (qgp_) {  // the super block's last group: t = fma(S, factor, t), S = 0; signed codes
+        // (kQGroupIntFold): t = fma(S - float(correction), factor, t), the header's int32
+        // correction (128 * sum of sub * group code sums: 128 times an integer below 2^24, exact
+        // in fp32)
         Label more;
         test(reg_sg, reg_sg);
         jnz(more, T_NEAR);
-        const Xmm f = qend_tmp(0);
+        const Xmm f = qend_tmp(0), c = qend_tmp(1);
         for (int v = 0; v < nv_; ++v) {
           vmovups(f, vmem(reg_sb + sv(v) * vec_bytes()));
+          if (qgf_) vcvtdq2ps(c, vmem(reg_sb + (sv_ + sv(v)) * vec_bytes()));
           for (int m = 0; m < mr_; ++m) {
+            if (qgf_) vsubps(acc(m, v), acc(m, v), c);
             vfmadd213ps(acc(m, v), f, vmem(rsp + qw_part_slot(m, v)));
             vmovups(vmem(rsp + qw_part_slot(m, v)), acc(m, v));
             vpxord_any(acc(m, v));
@@ -997,7 +1003,7 @@ class GemmGenerator : public JitGenerator {
         }
       L(whole);
     }
-    int shift = vnni_ ? 7 : -1;
+    int shift = vnni_ && !qgf_ ? 7 : -1;        // (signed codes: the super block's header instead)
     for (int b = 0; qc0_ >> b; ++b) shift = b;  // log2(c0) (a power of two)
     const int kept = qgb_ ? mr_ : 0;            // qend_tmp(m): row m's s_g as fp32
     for (int m = 0; m < mr_; ++m) {
@@ -1171,7 +1177,7 @@ class GemmGenerator : public JitGenerator {
   bool qgroup_first_writes() const { return !vnni_ && !qgf_; }
 
   void microkernel_qgroup(int u) {
-    if (qgf_) {
+    if (qgf_ && !vnni_) {
       microkernel_qgroup_fold(u);
       return;
     }
@@ -1212,11 +1218,16 @@ class GemmGenerator : public JitGenerator {
       }
       return;
     }
-    if (vnni_) {  // acc += (code + 128) * a over 4 k (unsigned x signed)
+    if (vnni_) {  // acc += (code + 128) * a over 4 k (unsigned x signed); with the signed codes
+      // of kQGroupIntFold (a + 128) * code (the header's correction comes off per super block)
       for (int v = 0; v < nv_; ++v) qgroup_codes(qw(v), v, u);
       for (int m = 0; m < mr_; ++m) {
         vpbroadcastd(qbcast(), dword[a_row(m) + 4 * u]);
-        for (int v = 0; v < nv_; ++v) vpdpbusd(qacc(m, v), qw(v), qbcast());
+        for (int v = 0; v < nv_; ++v)
+          if (qgf_)
+            vpdpbusd(qacc(m, v), qbcast(), qw(v));
+          else
+            vpdpbusd(qacc(m, v), qw(v), qbcast());
       }
       return;
     }
@@ -1255,7 +1266,7 @@ class GemmGenerator : public JitGenerator {
       return;
     }
     if (qg_) {
-      if (qgf_)
+      if (qgf_ && !vnni_)
         k_loop_qgroup_fold(prefetch_next);
       else if (qgl_)
         k_loop_qgroup_lanes(prefetch_next);

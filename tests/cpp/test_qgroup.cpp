@@ -52,9 +52,9 @@ struct Problem {
   bool words = false;
   // the identity table (kQGroupIdentity), likewise
   bool ident = false;
-  // int32 super-block folds (kQGroupIntFold; the executor's choice at avx2 where
-  // formats::qgroup_int_fold allows): byte codes in [-32, 31] (Q6_K) or [-32, 32], activations
-  // given to the kernels as a + 128
+  // int32 super-block folds (kQGroupIntFold; the executor's choice at avx2 and, with psums, at
+  // the VNNI levels where formats::qgroup_int_fold allows): byte codes in [-32, 31] (Q6_K) or
+  // [-32, 32], stored signed, activations given to the kernels as a + 128
   bool fold = false;
   // int16-lane super-block folds (kQGroupLaneFold; the executor's choice at avx2 where
   // formats::qgroup_lane_fold allows): identity nibbles (Q4_K's table) or bytes in [0, 31] or
@@ -184,7 +184,7 @@ Packed make_weights(const Problem& p) {
   for (int s = 0; s < sources; ++s) sl[s] = {&pk.src[size_t(s)].m, p.K, 0, 0, "src"};
   pk.w.resize(size_t(pk.layout.total_bytes()));
   // what the codes are stored with: + 128 (VNNI), + c0 (offset codes), or as they are
-  const int store = qgroup_flip_codes(p.isa) ? 128 : p.offset ? p.c0() : 0;
+  const int store = qgroup_flip_codes(p.isa) && !p.fold ? 128 : p.offset ? p.c0() : 0;
   formats::pack_qgroup_strips(pk.layout, pk.spec, sl, store, pk.w.data());
   formats::qgroup_kernel_lut(pk.spec, store, pk.lut);
   return pk;
@@ -344,10 +344,12 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
       // int16-lane folds: likewise, and with a bias its exact sum of sub-bias * asum, then
       // t = fma(bias factor, float(that sum), t)
       // fp32 super-block partials: per group ps = fma(float(acc), float(sub), ps), then
-      // t = fma(ps, factor, t) at the super block's end
+      // t = fma(ps, factor, t) at the super block's end; with signed codes (fold) acc is the sum
+      // over a + 128, and at the end t = fma(ps - float(128 * sum of sub * code sum), factor, t)
       float fold_f = 0.0f, fold_fb = 0.0f, ps = 0.0f;
       int8_t fold_sub[256] = {}, fold_subb[256] = {};
-      int64_t fold_sum = 0, fold_bsum = 0;
+      int64_t fold_sum = 0, fold_bsum = 0, fold_corr = 0;
+      double mag_kernel = 0.0;  // the magnitudes the kernel's fp32 sums meet (a + 128 with fold)
       for (int64_t g = 0; g < groups; ++g) {
         if ((p.fold || p.lanes || p.psums) && g % p.super == 0) {
           ASSERT_TRUE(formats::factor_int8(&s.scales[size_t(n * groups + g)], int(p.super), &fold_f,
@@ -355,22 +357,27 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
           if (p.bias)
             ASSERT_TRUE(formats::factor_int8(&s.biases[size_t(n * groups + g)], int(p.super),
                                              &fold_fb, fold_subb));
-          fold_sum = fold_bsum = 0;
+          fold_sum = fold_bsum = fold_corr = 0;
         }
-        int64_t acc = 0, asum = 0;
+        int64_t acc = 0, asum = 0, csum = 0;
         for (int64_t k = g * p.G; k < (g + 1) * p.G; ++k) {
           const int64_t a = x.a[size_t(m * x.lda + k)];
           acc += a * s.codes[size_t(n * p.K + k)];
           asum += a;
+          csum += s.codes[size_t(n * p.K + k)];
           const double wv =
               double(s.scales[size_t(n * groups + g)]) * s.codes[size_t(n * p.K + k)] +
               (p.bias ? double(s.biases[size_t(n * groups + g)]) : 0.0);
           want += double(a) * wv;
           mag += std::fabs(double(a) * wv);
+          mag_kernel += std::fabs(double(p.psums && p.fold ? a + 128 : a) * wv);
         }
         if (p.psums) {
-          ps = std::fma(float(acc), float(fold_sub[g % p.super]), ps);
+          const int64_t sub = fold_sub[g % p.super];
+          ps = std::fma(float(p.fold ? acc + 128 * csum : acc), float(sub), ps);
+          fold_corr += 128 * sub * csum;
           if (g % p.super == p.super - 1) {
+            if (p.fold) ps -= float(fold_corr);
             t = std::fma(ps, fold_f, t);
             ps = 0.0f;
           }
@@ -396,7 +403,7 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
       if (p.epi == Epilogue::store) {
         want *= x.as[size_t(m)];
         ASSERT_NEAR(want, double(got),
-                    4e-7 * double(2 * groups + 2) * mag * x.as[size_t(m)] + 1e-30)
+                    4e-7 * double(2 * groups + 2) * mag_kernel * x.as[size_t(m)] + 1e-30)
             << p.repro() << " m=" << m << " n=" << n;
       }
     }
@@ -445,6 +452,9 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
                 // fp32 super-block partials at the VNNI levels on three of four problems with
                 // two-level scales and no bias
                 p.psums = qgroup_flip_codes(isa) && !bias && p.super && (p.seed / 128) % 4 != 0;
+                // with signed codes (int32-fold codes: Q6_K, Q3_K) on every other such byte
+                // problem
+                p.fold = p.fold || (p.psums && !nib && (p.seed / 512) % 2);
                 check_problem(p, &names);
                 if (HasFatalFailure()) return;
                 ++checked;
@@ -483,6 +493,8 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
       EXPECT_GE(test::count_containing(names, "qg4ps_" + std::string(isa_tag_of(isa))), 4u)
           << isa_name(isa);
       EXPECT_GE(test::count_containing(names, "ps_" + std::string(isa_tag_of(isa)) + "_m3"), 1u)
+          << isa_name(isa);
+      EXPECT_GE(test::count_containing(names, "qg8fps_" + std::string(isa_tag_of(isa))), 4u)
           << isa_name(isa);
     }
     if (isa == IsaLevel::avx2) {
