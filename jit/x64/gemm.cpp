@@ -505,6 +505,15 @@ class GemmGenerator : public JitGenerator {
   // The strip vector that tile vector v stands for (compute_block).
   int sv(int v) const { return p_ + v * vstride_; }
   void compute_tile(bool prefetch_next) {
+    // Prefill accumulate tiles ask for their output lines before the K loop: the rows are the
+    // tokens' partial rows (T x H fp32), which at large T outgrow the caches, and the epilogue's
+    // read-modify-write of 6 rows x 4 lines waited on DRAM once per tile. The K loop hides the
+    // fetch (the lines fall back to L2 as the strip streams through L1).
+    if (prefill_ && key_.epilogue == Epilogue::accum)
+      for (int m = 0; m < mr_; ++m) {
+        out_row_ptr(reg_tmp, m);
+        for (int v = 0; v < nv_; ++v) prefetcht0(ptr[reg_tmp + sv(v) * vec_bytes()]);
+      }
     mov(reg_a, reg_row);
     imul(reg_a, reg_lda);
     add(reg_a, arg(offsetof(GemmArgs, a)));
