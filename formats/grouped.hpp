@@ -54,8 +54,7 @@ struct GroupedSpec {
   // signed (offset 0), the activations taken as a + 128 (unsigned); at avx2 the int8 sub-scales
   // multiplied in int32 and one fp32 fold per super block. Each super block's header then holds,
   // after the fp32 factor of every column, an int32 per column: 128 * sum over its groups of sub *
-  // (sum of the group's codes), the term the
-  // + 128 adds.
+  // (sum of the group's codes), the term the + 128 adds.
   bool int_fold = false;
 };
 
