@@ -92,6 +92,7 @@ class GemmGenerator : public JitGenerator {
         qgw_(qg_ && (key.variant & kQGroupI16)),
         qgi_(qg_ && (key.variant & kQGroupIdentity)),
         qgf_(qg_ && (key.variant & kQGroupIntFold)),
+        qgf32_(qgf_ && !vnni_),
         qgl_(qg_ && (key.variant & kQGroupLaneFold)),
         qgp_(qg_ && (key.variant & kQGroupSuperSums)),
         qglb_(qgl_ && !qg4_),
@@ -951,7 +952,7 @@ class GemmGenerator : public JitGenerator {
   // The stack slot of vector v's int16 sub-scale pairs (int32 folds, byte lane folds), above the
   // 2-row tiles' fp32 accumulators; qf_scale_slot(nv_) is the qgroup kernels' stack size.
   int qf_scale_slot(int v) const {
-    return (qgs2_ ? kQgAccStack + mr_ * nv_ * 64 : 16) + (qgf_ || qglb_ ? v * 32 : 0);
+    return (qgs2_ ? kQgAccStack + mr_ * nv_ * 64 : 16) + (qgf32_ || qglb_ ? v * 32 : 0);
   }
   // int16 group sums (kQGroupI16): the int32 part of (row m, vector v)'s group sum that groups of
   // more than kQGroupI16Steps K steps widen into on the way, above the other slots; fp32
@@ -1192,7 +1193,7 @@ class GemmGenerator : public JitGenerator {
   bool qgroup_first_writes() const { return !vnni_ && !qgf_; }
 
   void microkernel_qgroup(int u) {
-    if (qgf_ && !vnni_) {
+    if (qgf32_) {
       microkernel_qgroup_fold(u);
       return;
     }
@@ -1281,7 +1282,7 @@ class GemmGenerator : public JitGenerator {
       return;
     }
     if (qg_) {
-      if (qgf_ && !vnni_)
+      if (qgf32_)
         k_loop_qgroup_fold(prefetch_next);
       else if (qgl_)
         k_loop_qgroup_lanes(prefetch_next);
@@ -2392,7 +2393,8 @@ class GemmGenerator : public JitGenerator {
   const bool qgs2_;  // avx2 tiles of 2 rows: fp32 accumulators on the stack (acc_slot)
   const bool qgw_;   // int16 group sums (kQGroupI16)
   const bool qgi_;   // nibbles are the codes (kQGroupIdentity)
-  const bool qgf_;   // int32 super-block folds (kQGroupIntFold)
+  const bool qgf_;   // int32-fold codes (kQGroupIntFold): signed, activations a + 128
+  const bool qgf32_;  // and their avx2 kernels' int32 super-block sums (VNNI: fp32 partials)
   const bool qgl_;   // int16-lane super-block folds (kQGroupLaneFold)
   const bool qgp_;   // fp32 super-block partials (kQGroupSuperSums)
   const bool qglb_;  // ... over byte codes: folded every kQGroupByteLaneSteps K steps
