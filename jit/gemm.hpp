@@ -279,10 +279,20 @@ inline bool strip_scratch_kernel(const KernelKey& key) {
 // Prefill kernels that run GemmArgs::m_tail rows (0 .. m_r - 1) after their m_blocks blocks, as
 // one short tile in the same call over the same strip: the strip-scratch kernels (over the strip
 // they decoded) and the vdpbf16ps pair kernels at avx512_bf16 (bf16, fp8 pair prefill), whose
-// callers would otherwise pad the last block with zero rows. The AMX and NEON pair kernels keep
-// whole blocks.
+// callers would otherwise pad the last block with zero rows; and the int8 kernels of the
+// AVX-512 VNNI levels (int8_tail_prefetch_kernel). The AMX and NEON pair kernels keep whole
+// blocks.
+// int8 at avx512_vnni / avx512_bf16: the rows after the blocks ran as decode tiles over each L2
+// chunk after its blocks, prefetching nothing, so DRAM idled through them (13 % of a Qwen3
+// T = 256 layer). As the call's short tile they run strip by strip between the blocks, and where
+// fewer blocks ran than prefetch the next strip (kFewPrefetchBlocks) the tail tile prefetches
+// the rest of it.
+inline bool int8_tail_prefetch_kernel(const KernelKey& key) {
+  return key.format == WeightFormat::int8 && key.kind == KernelKind::gemm_prefill &&
+         (key.isa == IsaLevel::avx512_vnni || key.isa == IsaLevel::avx512_bf16);
+}
 inline bool tail_rows_kernel(const KernelKey& key) {
-  return strip_scratch_kernel(key) ||
+  return strip_scratch_kernel(key) || int8_tail_prefetch_kernel(key) ||
          (key.isa == IsaLevel::avx512_bf16 && key.kind == KernelKind::gemm_prefill &&
           (bf16_pair_kernel(key) || fp8_pair_kernel(key)));
 }

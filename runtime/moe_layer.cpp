@@ -982,10 +982,13 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
         row = std::min(rows, blocks * ks.tile_rows + m_tail);
       }
       if (rows - row > max_rows) {
+        const KernelKey& pkey = tail ? ks.prefill_tail : ks.prefill_full;
         const int64_t blocks = (rows - row) / max_rows;
-        call(tail ? ks.prefill_tail : ks.prefill_full,
-             ref ? nullptr : (tail ? ks.prefill_tail_k : ks.prefill_full_k), c0, n, row, blocks);
-        row += blocks * max_rows;
+        // int8 at the VNNI levels takes the rows left too (jit/gemm.hpp tail_rows_kernel)
+        const int64_t m_tail = tail_rows_kernel(pkey) ? (rows - row) % max_rows : 0;
+        call(pkey, ref ? nullptr : (tail ? ks.prefill_tail_k : ks.prefill_full_k), c0, n, row,
+             blocks, m_tail);
+        row += blocks * max_rows + m_tail;
       }
       if (rows > row) {
         auto [key, k] = tail ? pick(ks.decode_tail, ks.decode_tail_k, int(rows - row))

@@ -393,7 +393,24 @@ class GemmGenerator : public JitGenerator {
           block_loop(pf_blocks);
         }
         L(mb_done);
-        if (tail_rows_kernel(key_)) tail_rows();
+        if (tail_rows_kernel(key_)) {
+          if (int8_tail_prefetch_kernel(key_) && pf_blocks > kFewPrefetchBlocks) {
+            // After fewer than kFewPrefetchBlocks blocks (the many-block branch ran at least
+            // pf_blocks) the tail tile goes on prefetching the next strip where they stopped.
+            Label no_pf, tail_done;
+            cmp(reg_row, kFewPrefetchBlocks * mr_);
+            jge(no_pf, T_NEAR);
+            pf_lines_ = pf_blocks / kFewPrefetchBlocks;
+            tail_rows(true);
+            pf_lines_ = 1;
+            jmp(tail_done, T_NEAR);
+            L(no_pf);
+            tail_rows(false);
+            L(tail_done);
+          } else {
+            tail_rows(false);
+          }
+        }
         // Leave reg_w at the next strip whether or not any block ran.
         strip_bytes_to(reg_tmp);
         lea(reg_w, ptr[reg_strip + reg_tmp]);
@@ -456,11 +473,12 @@ class GemmGenerator : public JitGenerator {
   }
 
   // tail_rows_kernel: the call's GemmArgs::m_tail rows after its blocks (reg_row, 1 .. m_r - 1
-  // of them) as one short tile over the same strip, without prefetching. Strip-scratch kernels
-  // read the strip they decoded (those rows would otherwise run the decode tiles, which decode
-  // every weight again); the vdpbf16ps pair kernels the strip in place or, fp8, its decoded pairs
-  // (their callers would otherwise pad the last block with zero rows).
-  void tail_rows() {
+  // of them) as one short tile over the same strip, prefetching the next strip at reg_pf where
+  // asked (int8_tail_prefetch_kernel). Strip-scratch kernels read the strip they decoded (those
+  // rows would otherwise run the decode tiles, which decode every weight again); the vdpbf16ps
+  // pair kernels the strip in place or, fp8, its decoded pairs (their callers would otherwise pad
+  // the last block with zero rows); int8 the strip in place.
+  void tail_rows(bool prefetch_next) {
     Label done;
     const int rows = mr_;
     for (int t = 1; t < rows; ++t) {
@@ -472,7 +490,7 @@ class GemmGenerator : public JitGenerator {
       else
         mov(reg_w, reg_strip);
       mr_ = t;
-      compute_block(false);
+      compute_block(prefetch_next);
       mr_ = rows;
       jmp(done, T_NEAR);
       L(next);

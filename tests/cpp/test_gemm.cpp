@@ -200,9 +200,11 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
            m_tail);
       row = p.M / tile_rows * tile_rows + m_tail;
     }
-    if (p.M - row > max_rows) {  // fp8 pair blocks take the rest too (tail_rows_kernel)
+    if (p.M - row > max_rows) {  // fp8 pair and VNNI int8 blocks take the rest too
       const int64_t blocks = (p.M - row) / max_rows;
-      const int64_t m_tail = p.fp8_pairs() ? (p.M - row) % max_rows : 0;
+      KernelKey pkey = key_for(p.isa, KernelKind::gemm_prefill, max_rows, nv, p.epi, p.fmt);
+      if (p.fp8_pairs()) pkey.variant = kBf16Pairs;
+      const int64_t m_tail = tail_rows_kernel(pkey) ? (p.M - row) % max_rows : 0;
       call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, blocks, 0, m_tail);
       row += blocks * max_rows + m_tail;
     }
@@ -432,6 +434,37 @@ TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
           if (HasFatalFailure()) return;
         }
   EXPECT_GT(test::count_containing(names, "fp8_avx512bf16_m6n64_siluup_dpbf16"), 0u);
+}
+
+// int8 prefill at the AVX-512 VNNI levels runs the rows after its 6-row blocks as the call's
+// short tile (jit/gemm.hpp int8_tail_prefetch_kernel), every tail size 1-5, after one block
+// (the tail tile prefetches the rest of the next strip) and after more; the sweep above meets
+// only tails of 4 and 5.
+TEST(Gemm, Int8VnniTailRowsBitwise) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 kernels";
+#endif
+  uint32_t seed = 9500;
+  size_t checked = 0;
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    KernelKey pkey = key_for(isa, KernelKind::gemm_prefill, gemm_max_rows(isa), kStripVecs,
+                             Epilogue::store, WeightFormat::int8);
+    if (!int8_tail_prefetch_kernel(pkey)) continue;
+    ASSERT_EQ(gemm_max_rows(isa), 6);
+    std::vector<std::string> names;
+    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+      // tails 2, 3, 4, 5 after one block; 0, 1, 5 after two; 5, 3 after three and four (no
+      // multiple of 7: make_outputs scrambles rows by 7)
+      for (int64_t M : {8, 9, 10, 11, 12, 13, 17, 23, 27})
+        for (int64_t N : {16, 100})
+          for (int64_t K : {64, 130}) {
+            check_problem({isa, WeightFormat::int8, epi, M, N, K, seed++}, &names);
+            if (HasFatalFailure()) return;
+            ++checked;
+          }
+    EXPECT_GT(test::count_containing(names, "gemm_prefill_int8"), 0u) << isa_name(isa);
+  }
+  if (checked == 0) GTEST_SKIP() << "neither avx512_vnni nor avx512_bf16 runs here";
 }
 
 TEST(Gemm, SiluEpilogueMatchesMathToFp32Accuracy) {
