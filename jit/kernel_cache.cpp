@@ -81,11 +81,12 @@ std::string KernelKey::name() const {
     if (format != WeightFormat::qgroup && (variant & kStripScratch)) s << "_scratch";
     if ((format == WeightFormat::int4 || format == WeightFormat::qgroup) && (variant & kHalfStrips))
       s << "_halves";
-  } else if (kind == KernelKind::quantize) {  // quantize_int8_<tag>_amax / _round / _round_flip
+  } else if (kind == KernelKind::quantize) {  // quantize_int8_<tag>_amax / _round / ... / _bf16
     s << '_' << format_name(format) << '_' << isa_tag(isa) << '_'
       << (variant == 0   ? "amax"
           : variant == 1 ? "round"
-                         : "round_flip");
+          : variant == 2 ? "round_flip"
+                         : "bf16");
   } else {
     s << '_' << isa_tag(isa) << "_v" << int(variant);
   }

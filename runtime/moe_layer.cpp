@@ -853,6 +853,14 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
   // (GemmArgs::m_tail); at amx and neon_bf16 (bfdot, jit/aarch64/gemm_a64.cpp) the last block is
   // padded with zero rows whose outputs land in a per-thread dummy row (routing weight 0), which
   // costs less than streaming the strip through the fp32 kernels again for the remainder.
+  // fp32 rows to bf16: the generated converter (RowQuantizer::to_bf16), the C++ loop for the
+  // reference forward; the same bits
+  auto to_bf16 = [&](const float* x, int64_t n, uint16_t* out) {
+    if (reference)
+      formats::f32_to_bf16_row(x, n, out);
+    else
+      rowq_.to_bf16(x, n, out);
+  };
   const bool bf16_pairs = ks.tile_rows && block_pair_kernel(ks.tile_full) &&
                           rows >= ks.tile_min_rows && layout.k % 2 == 0;
   static thread_local std::vector<uint16_t> a16;
@@ -865,9 +873,11 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
                                                              : round_up(rows, ks.tile_rows);
   if (bf16_pairs) {
     const int64_t K = layout.k;
-    a16.assign(size_t(pair_rows * K), 0);
+    // rows past `rows` (AMX's padding) read as zeros; the rest is written right below
+    a16.resize(size_t(pair_rows * K));
+    std::fill(a16.begin() + rows * K, a16.end(), uint16_t(0));
     for (int64_t r = 0; r < rows; ++r)
-      formats::f32_to_bf16_row(reinterpret_cast<const float*>(a + r * lda), K, &a16[size_t(r * K)]);
+      to_bf16(reinterpret_cast<const float*>(a + r * lda), K, &a16[size_t(r * K)]);
     // The dummy row is as wide as the widest column this call writes.
     pair_dummy.resize(size_t(out_col0 + (layout.full_strips + 1) * out_full));
     pair_out.assign(out_rows, out_rows + rows);
@@ -905,8 +915,8 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       if (bf16_row0 != row0) {
         a_bf16.resize(size_t(layout.k * key.m_r));
         for (int r = 0; r < key.m_r; ++r)
-          formats::f32_to_bf16_row(reinterpret_cast<const float*>(a + (row0 + r) * lda), layout.k,
-                                   &a_bf16[size_t(r * layout.k)]);
+          to_bf16(reinterpret_cast<const float*>(a + (row0 + r) * lda), layout.k,
+                  &a_bf16[size_t(r * layout.k)]);
         bf16_row0 = row0;
       }
       args.a = reinterpret_cast<const int8_t*>(a_bf16.data());

@@ -19,10 +19,21 @@ RowQuantizer::RowQuantizer(IsaLevel isa) {
   const Kernel* a = get(kQuantAmax);
   const Kernel* r = get(kQuantRound);
   const Kernel* f = get(kQuantRoundFlip);
-  if (!a || !r || !f) return;  // no executable memory: the C++ quantizer
+  const Kernel* b = get(kQuantBf16);
+  if (!a || !r || !f || !b) return;  // no executable memory: the C++ quantizer
   amax_ = a;
   round_[0] = r;
   round_[1] = f;
+  bf16_ = b;
+}
+
+void RowQuantizer::to_bf16(const float* x, int64_t n, uint16_t* out) const {
+  const int64_t blocks = bf16_ ? n / 16 : 0, body = blocks * 16;
+  if (blocks) {
+    QuantArgs args{x, blocks, reinterpret_cast<int8_t*>(out), nullptr, 0.0f};
+    reinterpret_cast<QuantFn>(const_cast<void*>(bf16_->entry()))(&args);
+  }
+  formats::f32_to_bf16_row(x + body, n - body, out + body);
 }
 
 float RowQuantizer::quantize(const float* x, int64_t n, int8_t* q, bool flip) const {

@@ -18,11 +18,14 @@ class RowQuantizer {
   explicit RowQuantizer(IsaLevel isa);
   // Quantizes x[0, n) into q[0, n); returns the row's scale.
   float quantize(const float* x, int64_t n, int8_t* q, bool flip) const;
+  // x[0, n) as bf16 into out[0, n): formats::f32_to_bf16_row's bits.
+  void to_bf16(const float* x, int64_t n, uint16_t* out) const;
   bool generated() const { return amax_ != nullptr; }
 
  private:
   const Kernel* amax_ = nullptr;
   const Kernel* round_[2] = {nullptr, nullptr};  // plain, flipped
+  const Kernel* bf16_ = nullptr;
 };
 
 }  // namespace ktjit

@@ -48,6 +48,13 @@ def main(argv=None) -> int:
     p.add_argument("--b", action="append", default=[], help="NAME=VALUE for layer B (repeatable)")
     p.add_argument("--order", choices=("AB", "BA"), default="AB", help="which layer is built first")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--routings",
+        type=int,
+        default=1,
+        help="draw this many routings and cycle through them, one per forward (decode: the "
+        "same few experts every time would stay in L3; 16 make T = 1 stream from DRAM)",
+    )
     args = p.parse_args(argv)
     if args.pairs < 1:
         raise SystemExit("--pairs must be at least 1")
@@ -100,10 +107,15 @@ def main(argv=None) -> int:
 
     T = args.tokens
     x = torch.randn(T, H, generator=gen)
-    ids, w = bench._routing(torch, T, E, K, gen)
+    if args.routings < 1:
+        raise SystemExit("--routings must be at least 1")
+    routings = [bench._routing(torch, T, E, K, gen) for _ in range(args.routings)]
     outs = {k: torch.zeros(T, H) for k in "AB"}
+    calls = {k: 0 for k in "AB"}
 
     def run(which):
+        ids, w = routings[calls[which] % len(routings)]
+        calls[which] += 1
         t0 = time.perf_counter()
         layers[which].forward(
             T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, outs[which].data_ptr()

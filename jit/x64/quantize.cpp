@@ -9,6 +9,10 @@
 //        vpshufb (each 128-bit lane's 4 bytes to its first dword) + vpermd (dwords 0, 4, 8, 12);
 //        ymm vpshufb of the two vectors into dwords 0 and 1 of each lane, vpor, vpermd (0, 4, 1,
 //        5). Flip: XOR 0x80. One 16-byte store.
+// bf16   per block, on the bits u of each lane: rne = (u + 0x7fff + (u >> 16 & 1)) >> 16,
+//        nan = u >> 16 | 0x40, chosen where (0x7f800000 - (u & 0x7fffffff)) < 0 (shifted
+//        arithmetically into a lane mask: vpternlogd at zmm, vpblendvb at ymm); the dwords' low
+//        words gathered into 32 bytes (vpshufb per 128-bit lane + vpermd, as round does).
 #include "jit/x64/quantize.hpp"
 
 #include <stdexcept>
@@ -26,15 +30,17 @@ using namespace Xbyak::util;
 class QuantizeGenerator : public JitGenerator {
  public:
   explicit QuantizeGenerator(const KernelKey& key) : JitGenerator(key.isa), variant_(key.variant) {
-    if (key.format != WeightFormat::int8 || variant_ > kQuantRoundFlip)
-      throw std::invalid_argument("quantize: int8 rows, variant amax / round / round_flip: " +
-                                  key.describe());
+    if (key.format != WeightFormat::int8 || variant_ > kQuantBf16)
+      throw std::invalid_argument(
+          "quantize: int8 rows, variant amax / round / round_flip / bf16: " + key.describe());
     if (key.isa == IsaLevel::ref || isa_is_neon(key.isa) || key.isa == IsaLevel::amx)
       throw std::invalid_argument(std::string("quantize: no x86 generator for isa ") +
                                   isa_name(key.isa));
     preamble();
     if (variant_ == kQuantAmax)
       amax();
+    else if (variant_ == kQuantBf16)
+      to_bf16();
     else
       round();
     postamble();
@@ -128,6 +134,83 @@ class QuantizeGenerator : public JitGenerator {
     L(done);
   }
 
+  // One vector of fp32 bits `x` (already loaded) to its bf16 bits in the low word of each dword
+  // of `out`; t is a temporary.
+  void bf16_lanes(const Xmm& out, const Xmm& x, const Xmm& t) {
+    const Xmm one = vreg(4), round = vreg(5), abs = vreg(6), inf = vreg(7), qbit = vreg(8);
+    const bool z = zmm_isa();
+    // rne = (u + 0x7fff + lsb) >> 16
+    if (z) {
+      vpsrld(t, x, 16);
+      vpandd(out, t, one);
+      vpaddd(out, out, x);
+      vpaddd(out, out, round);
+      vpsrld(out, out, 16);
+      vpord(t, t, qbit);  // nan = u >> 16 | 0x40
+    } else {
+      vpsrld(t, x, 16);
+      vpand(out, t, one);
+      vpaddd(out, out, x);
+      vpaddd(out, out, round);
+      vpsrld(out, out, 16);
+      vpor(t, t, qbit);
+    }
+    // mask = (0x7f800000 - |u|) >> 31 (arithmetic): all ones on NaN
+    const Xmm m = x;  // x is not needed any more
+    if (z) {
+      vpandd(m, x, abs);
+      vpsubd(m, inf, m);
+      vpsrad(m, m, 31);
+      vpternlogd(m, t, out, 0xca);  // m ? nan : rne
+      vmovdqa32(out, m);
+    } else {
+      vpand(m, x, abs);
+      vpsubd(m, inf, m);
+      vpsrad(m, m, 31);
+      vpblendvb(out, out, t, m);
+    }
+  }
+
+  void to_bf16() {
+    Label loop, done;
+    mov(rax, qword[rdi + offsetof(QuantArgs, x)]);
+    mov(rcx, qword[rdi + offsetof(QuantArgs, blocks)]);
+    mov(rdx, qword[rdi + offsetof(QuantArgs, q)]);
+    vmovups(vreg(4), cmem(c_one_));
+    vmovups(vreg(5), cmem(c_7fff_));
+    vmovups(vreg(6), cmem(c_abs_));
+    vmovups(vreg(7), cmem(c_inf_));
+    vmovups(vreg(8), cmem(c_qbit_));
+    vmovups(vreg(9), cmem(c_w_shuf_));
+    if (!zmm_isa()) vmovups(vreg(10), cmem(c_w_shuf_b_));
+    vmovups(vreg(11), cmem(c_w_perm_));
+    test(rcx, rcx);
+    jle(done, T_NEAR);
+    L(loop);
+    if (zmm_isa()) {
+      vmovdqu32(vreg(0), vmem(rax));
+      bf16_lanes(vreg(1), vreg(0), vreg(2));
+      vpshufb(vreg(1), vreg(1), vreg(9));
+      vpermd(Zmm(1), Zmm(11), Zmm(1));
+      vmovdqu(yword[rdx], Ymm(1));
+    } else {
+      vmovdqu(vreg(0), vmem(rax));
+      vmovdqu(vreg(12), vmem(rax + 32));
+      bf16_lanes(vreg(1), vreg(0), vreg(2));
+      bf16_lanes(vreg(13), vreg(12), vreg(2));
+      vpshufb(vreg(1), vreg(1), vreg(9));
+      vpshufb(vreg(13), vreg(13), vreg(10));
+      vpor(vreg(1), vreg(1), vreg(13));
+      vpermd(Ymm(1), Ymm(11), Ymm(1));
+      vmovdqu(yword[rdx], Ymm(1));
+    }
+    add(rax, 64);
+    add(rdx, 32);
+    dec(rcx);
+    jnz(loop, T_NEAR);
+    L(done);
+  }
+
   void constants() {
     align(64);
     emit_const32(c_abs_, 0x7fffffffu);
@@ -148,10 +231,30 @@ class QuantizeGenerator : public JitGenerator {
     const uint32_t py[16] = {0, 4, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int i = 0; i < 16; ++i) dd(zmm_isa() ? pz[i] : py[i]);
     emit_const32(c_flip_, 0x80808080u);
+    emit_const32(c_one_, 1);
+    emit_const32(c_7fff_, 0x7fff);
+    emit_const32(c_inf_, 0x7f800000u);
+    emit_const32(c_qbit_, 0x40);
+    // bf16: vpshufb per 128-bit lane, the low words of its 4 dwords into bytes 0-7 (ymm's second
+    // vector: 8-15), zero elsewhere; vpermd: zmm dwords 0, 1, 4, 5, 8, 9, 12, 13 first; ymm
+    // (quad words lo0-3, hi0-3, lo4-7, hi4-7) 0, 1, 4, 5, 2, 3, 6, 7
+    auto words = [&](Label& l, int at) {
+      L(l);
+      for (int lane = 0; lane < 4; ++lane)
+        for (int b = 0; b < 16; ++b)
+          db(b >= at && b < at + 8 ? uint8_t(4 * ((b - at) / 2) + (b - at) % 2) : 0x80);
+    };
+    words(c_w_shuf_, 0);
+    words(c_w_shuf_b_, 8);
+    L(c_w_perm_);
+    const uint32_t wz[16] = {0, 1, 4, 5, 8, 9, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0};
+    const uint32_t wy[16] = {0, 1, 4, 5, 2, 3, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < 16; ++i) dd(zmm_isa() ? wz[i] : wy[i]);
   }
 
   const uint16_t variant_;
   Label c_abs_, c_hi_, c_lo_, c_shuf_, c_shuf_b_, c_perm_, c_flip_;
+  Label c_one_, c_7fff_, c_inf_, c_qbit_, c_w_shuf_, c_w_shuf_b_, c_w_perm_;
 };
 
 }  // namespace

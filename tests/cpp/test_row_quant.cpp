@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "formats/int8.hpp"
+#include "jit/bits.hpp"
 #include "jit/kernel.hpp"
 #include "jit/quantize.hpp"
 #include "runtime/row_quant.hpp"
@@ -89,6 +91,65 @@ TEST(RowQuant, KernelsMatchTheCxxQuantizerBitwise) {
 #endif
 }
 
+// Values whose bf16 rounding has an edge: ties to even both ways, just off a tie, the carry into
+// the exponent and to infinity, infinities, NaNs (quiet, signalling, with payload bits only in
+// the low half), subnormals, zeros of both signs, and random values of every magnitude.
+std::vector<float> bf16_edges(int64_t n, uint32_t seed) {
+  const uint32_t bits[] = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0x3fffffffu,
+                           0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                           0x7f800001u, 0xff800001u, 0x7fbfffffu, 0x7f80ffffu, 0x00000001u,
+                           0x00008000u, 0x80018000u, 0x007fffffu, 0x00000000u, 0x80000000u};
+  std::vector<float> x = test::random_floats(size_t(n), seed, 1.0f);
+  std::mt19937 rng(seed);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    if (i % 3 == 0)
+      u = bits[size_t(i / 3) % (sizeof(bits) / sizeof(bits[0]))];
+    else if (i % 3 == 1)
+      u = rng();  // any bit pattern: every exponent, NaNs included
+    else
+      continue;
+    std::memcpy(&x[size_t(i)], &u, 4);
+  }
+  return x;
+}
+
+// The bf16 row converter (kQuantBf16) against formats::f32_to_bf16 bit for bit, every x86 level,
+// natively or in the interpreter; the words after the row stay.
+TEST(RowQuant, Bf16KernelMatchesTheCxxRoundingBitwise) {
+#if defined(__aarch64__)
+  GTEST_SKIP() << "the converter kernels are x86 (AArch64 runs formats::f32_to_bf16_row)";
+#else
+  size_t checked = 0;
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    KernelKey key;
+    key.kind = KernelKind::quantize;
+    key.isa = isa;
+    key.format = WeightFormat::int8;
+    key.variant = kQuantBf16;
+    const Kernel* k = KernelCache::instance().get(key);
+    ASSERT_NE(k, nullptr) << key.name();
+    for (int64_t n : {16, 32, 48, 256, 2048})
+      for (uint32_t seed : {1u, 2u, 3u}) {
+        const std::vector<float> x = bf16_edges(n, seed + uint32_t(n));
+        std::vector<uint16_t> got(size_t(n + 16), 0x5555);
+        QuantArgs args{x.data(), n / 16, reinterpret_cast<int8_t*>(got.data()), nullptr, 0.0f};
+        if (test::emulated_level(isa))
+          test::emulate_x64(k->code.data(), k->code.size(), &args);
+        else
+          reinterpret_cast<QuantFn>(const_cast<void*>(k->entry()))(&args);
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(got[size_t(i)], formats::f32_to_bf16(x[size_t(i)]))
+              << isa_name(isa) << " n=" << n << " i=" << i << " bits=0x" << std::hex
+              << f32_to_bits(x[size_t(i)]);
+        for (int64_t i = n; i < n + 16; ++i) ASSERT_EQ(got[size_t(i)], 0x5555);
+        ++checked;
+      }
+  }
+  EXPECT_GT(checked, 0u);
+#endif
+}
+
 // The executor's path: the kernels on the whole blocks, C++ on the last n % 16 values (or all of a
 // row shorter than a block); the same scale and bytes as formats::quantize_row_int8.
 TEST(RowQuant, RowQuantizerMatchesTheCxxQuantizer) {
@@ -107,6 +168,13 @@ TEST(RowQuant, RowQuantizerMatchesTheCxxQuantizer) {
         ASSERT_EQ(std::memcmp(got.data(), want.data(), size_t(n)), 0)
             << "n=" << n << " flip=" << flip;
       }
+  for (int64_t n : {1, 15, 16, 17, 33, 100, 768, 2049, 7169}) {
+    const std::vector<float> x = bf16_edges(n, uint32_t(n) + 9);
+    std::vector<uint16_t> got(static_cast<size_t>(n));
+    rq.to_bf16(x.data(), n, got.data());
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[size_t(i)], formats::f32_to_bf16(x[size_t(i)])) << "n=" << n << " i=" << i;
+  }
 }
 
 }  // namespace
