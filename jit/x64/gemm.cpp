@@ -33,11 +33,13 @@ namespace {
 // 3072. On AMD at the AVX-512 levels (a Zen 4 VM, 2026-11-26, in-process A/B of layers generated
 // with each distance, DeepSeek-V3 T = 1) no software prefetch beat the old defaults for every
 // format (BF16 1.11x, Q6_K 1.24x, Q5_K 1.19x, Q8_0 1.09x, Q4_0 1.09x, FP8 1.07x, INT8 1.06x,
-// INT4 1.06x, MXFP4 1.02x; 8192 was no better than those) except the qgroup kernels of nibbles with
-// super blocks and biases (Q4_K), which ran 2.3x slower without and best at 8192 (1.29x 1536, 1.11x
-// 4096, 16384 no better). KT_JIT_DECODE_PREFETCH=<bytes> (0 = none, a multiple of 64 up to 65536)
-// overrides it for every kernel this process generates.
-constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchAmdZmmQ4K = 8192;
+// INT4 1.06x, MXFP4 1.02x; 8192 was no better than those). The qgroup kernels of nibbles with
+// super blocks and biases (Q4_K) ran 2.3x slower without and kept 8192 until the super blocks'
+// header touch (k_loop_qgroup, 2026-11-27) closed the hole in their stream that the hardware
+// prefetcher had stalled on; with it no prefetch beat 8192 by 1.15-1.23x (DeepSeek-V3 and Qwen3,
+// T = 1 and 4). KT_JIT_DECODE_PREFETCH=<bytes> (0 = none, a multiple of 64 up to 65536) overrides
+// it for every kernel this process generates.
+constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536;
 int decode_prefetch_bytes(const KernelKey& key) {
   static const int env_bytes = [] {
     const char* env = std::getenv("KT_JIT_DECODE_PREFETCH");
@@ -54,10 +56,7 @@ int decode_prefetch_bytes(const KernelKey& key) {
   static const bool amd =
       cpu_features().vendor == "AuthenticAMD" || cpu_features().vendor == "HygonGenuine";
   const WeightFormat fmt = key.format;
-  if (amd && vec_lanes(key.isa) == 16) {
-    const uint16_t q4k = kQGroupNibbles | kQGroupSuper | kQGroupBias;
-    return fmt == WeightFormat::qgroup && (key.variant & q4k) == q4k ? kDecodePrefetchAmdZmmQ4K : 0;
-  }
+  if (amd && vec_lanes(key.isa) == 16) return 0;
   const bool lean_int = fmt == WeightFormat::int8 || fmt == WeightFormat::qgroup;
   return amd && lean_int ? kDecodePrefetchAmdInt : kDecodePrefetch;
 }
