@@ -16,9 +16,14 @@ namespace {
 
 // Weights a multi-block expert re-reads per chunk of strips: half of a 1 MiB L2.
 constexpr int64_t kL2ChunkBytes = 512 * 1024;
-// bf16 experts with at least this many rows run the vdpbf16ps pair kernels at avx512_bf16 (two
-// 6-row blocks per strip re-laid as k pairs; below that the fp32 FMA kernels).
-constexpr int kBf16PairMinRows = 12;
+// bf16 and fp8 (K even) experts with at least this many rows run the vdpbf16ps pair kernels at
+// avx512_bf16: 6-row blocks, then the rows left as the call's short tile (5 rows: that tile
+// alone); fewer rows take the decode tiles (fp8: pair tiles of <= 4 rows). Until 2026-11-27 this
+// was 12, from before the pair kernels took their last rows themselves; from 5 rows a Zen 4 ran
+// Qwen3-30B-A3B FP8 1.04x (T = 256) and 1.07-1.13x (T = 64) faster, BF16 1.04-1.06x and
+// 1.06-1.10x (in-process A/B, docs/BENCHMARKS.md): the 5-11-row experts had run fp32 FMA tiles,
+// and for fp8 decoded every weight once per 6-row block.
+constexpr int kBf16PairMinRows = 5;
 // bf16 experts with at least this many rows run the bfdot pair kernels at neon_bf16: one full
 // 6-row block. Below it the executor runs decode tiles, which stream each strip once for all rows
 // (memory-bound: bfdot would save little there and would cost the activations' bf16 rounding, so

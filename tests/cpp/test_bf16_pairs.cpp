@@ -201,10 +201,10 @@ TEST(Bf16Pairs, Fp8AtAvx512Bf16PairsWhenKSplitsIntoPairs) {
   for (IsaLevel isa : {IsaLevel::avx512_bf16, IsaLevel::amx}) {
     const GemmKernelSet ks = make_gemm_kernel_set(isa, WeightFormat::fp8, Epilogue::siluup, 2, 0,
                                                   /*k_pairs=*/true);
-    // prefill tiles: vdpbf16ps at avx512_bf16 (6 rows, from 12), AMX-BF16 at amx (16 rows)
+    // prefill tiles: vdpbf16ps at avx512_bf16 (6 rows, from 5), AMX-BF16 at amx (16 rows)
     const bool amx = isa == IsaLevel::amx;
     EXPECT_EQ(ks.tile_rows, amx ? 16 : 6) << isa_name(isa);
-    EXPECT_EQ(ks.tile_min_rows, amx ? 16 : 12);
+    EXPECT_EQ(ks.tile_min_rows, amx ? 16 : 5);
     EXPECT_EQ(ks.tile_full.isa, isa);
     EXPECT_TRUE(scratch_pair_kernel(ks.tile_full));
     EXPECT_EQ(tail_rows_kernel(ks.tile_full), !amx);  // AMX pads the last block instead
@@ -229,7 +229,7 @@ TEST(Bf16Pairs, OnlyBf16AtAvx512Bf16GetsThePairTier) {
   const GemmKernelSet ks =
       make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::bf16, Epilogue::siluup, 2);
   EXPECT_EQ(ks.tile_rows, 6);
-  EXPECT_EQ(ks.tile_min_rows, 12);
+  EXPECT_EQ(ks.tile_min_rows, 5);
   EXPECT_EQ(ks.tile_full.variant, kBf16Pairs);
   EXPECT_EQ(ks.tile_full.kind, KernelKind::gemm_prefill);
   EXPECT_EQ(ks.tile_tail.n_vec, 2);

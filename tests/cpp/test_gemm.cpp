@@ -32,13 +32,13 @@ struct Problem {
   // level offsets them): the largest int16 / int32 partial sums a kernel can meet.
   bool extreme = false;
   // fp8 at avx512_bf16 with K even runs the kBf16Pairs kernels (bf16 activations) as the executor
-  // does (jit/gemm.hpp fp8_pair_kernel): above 6 rows prefill blocks of 6 rows with the rest as
-  // the call's short tile (GemmArgs::m_tail), else a decode tile of 1-4 rows (5 or 6 rows alone
-  // would be fp32 here).
+  // does (jit/gemm.hpp fp8_pair_kernel): from kPairTileRows rows prefill blocks of 6 rows with the
+  // rest as the call's short tile (GemmArgs::m_tail; 5 rows: that tile alone), else a decode tile
+  // of 1-4 rows.
   bool fp8_pairs() const {
-    return isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::fp8 && (M <= 4 || M > 6) &&
-           K % 2 == 0;
+    return isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::fp8 && K % 2 == 0;
   }
+  static constexpr int64_t kPairTileRows = 5;  // the executor's GemmKernelSet::tile_min_rows
   std::string repro() const {
     std::ostringstream s;
     s << "repro: KT_JIT_ISA=" << isa_name(isa) << " fmt=" << int(fmt) << " epi=" << int(epi)
@@ -200,7 +200,8 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
            m_tail);
       row = p.M / tile_rows * tile_rows + m_tail;
     }
-    if (p.M - row > max_rows) {  // fp8 pair and VNNI int8 blocks take the rest too
+    // fp8 pair and VNNI int8 blocks take the rest too; fp8 pairs from 5 rows, blocks or not
+    if (p.M - row > max_rows || (p.fp8_pairs() && p.M >= Problem::kPairTileRows)) {
       const int64_t blocks = (p.M - row) / max_rows;
       KernelKey pkey = key_for(p.isa, KernelKind::gemm_prefill, max_rows, nv, p.epi, p.fmt);
       if (p.fp8_pairs()) pkey.variant = kBf16Pairs;
@@ -422,10 +423,16 @@ TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
   const auto levels = test::kernel_test_levels();
   if (std::find(levels.begin(), levels.end(), IsaLevel::avx512_bf16) == levels.end())
     GTEST_SKIP() << "avx512_bf16 neither runs here nor is interpreted";
+  // the rows from which the executor runs fp8 pair tiles, as run_all mirrors it
+  ASSERT_EQ(make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::fp8, Epilogue::siluup, 0, 0,
+                                 /*k_pairs=*/true)
+                .tile_min_rows,
+            Problem::kPairTileRows);
   uint32_t seed = 9000;
   std::vector<std::string> names;
   for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
-    for (int64_t M : {8, 9, 10, 13, 15})  // tails 2, 3, 4, 1, 3 (no multiple of 7: make_outputs)
+    // tails 5 (alone), 0, 2, 3, 4, 1, 3 (no multiple of 7: make_outputs)
+    for (int64_t M : {5, 6, 8, 9, 10, 13, 15})
       for (int64_t N : {16, 100})
         for (int64_t K : {64, 130}) {
           Problem p{IsaLevel::avx512_bf16, WeightFormat::fp8, epi, M, N, K, seed++};

@@ -32,11 +32,13 @@ def test_bf16_accuracy_vs_torch(ref, T, src_dtype):
     expect = ref.moe_reference(x, ids, w, gate, up, down, pmap=pmap, mask=mask, wq=bf16_rows)
     err = ref.rel_l1(out, expect)
     # fp32 activations and accumulation: only summation order and the exp polynomial differ.
-    # Experts with >= 16 rows at isa amx (AMX-BF16 tiles) and >= 12 rows at avx512_bf16
+    # Experts with >= 16 rows at isa amx (AMX-BF16 tiles) and >= 5 rows at avx512_bf16
     # (vdpbf16ps pair kernels) take bf16-rounded activations: the SPEC bar (1e-2) applies there,
-    # and the error is printed for docs/FORMATS.md.
+    # and the error is printed for docs/FORMATS.md. (Routing ids are logical experts; the masked
+    # one is counted too, which can only loosen the bar.)
     isa = wrapper.moe.isa
-    pairs = (isa == "amx" and T * K >= 16 * E) or (isa == "avx512_bf16" and T * K >= 12 * E)
+    longest = int(torch.bincount(ids[ids >= 0].flatten(), minlength=E).max())
+    pairs = (isa == "amx" and longest >= 16) or (isa == "avx512_bf16" and longest >= 5)
     bar = 1e-2 if pairs else 1e-5
     print(f"BF16 isa={wrapper.moe.isa} T={T} {src_dtype}: relative L1 {err:.3g}")
     assert err <= bar, f"BF16 T={T}: relative L1 vs torch over bf16 weights {err:.3g} (bar {bar})"
