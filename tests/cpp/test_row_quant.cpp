@@ -41,24 +41,29 @@ std::vector<std::vector<float>> rows_of(int64_t n, uint32_t seed) {
 
 const int64_t kLengths[] = {16, 32, 48, 64, 80, 112, 768, 2048, 7168};
 
+// Runs the quantize kernel `variant` of `isa` on `args`: natively, or in the interpreter.
+void run_quant_kernel(IsaLevel isa, uint16_t variant, const QuantArgs& args) {
+  KernelKey key;
+  key.kind = KernelKind::quantize;
+  key.isa = isa;
+  key.format = WeightFormat::int8;
+  key.variant = variant;
+  const Kernel* k = KernelCache::instance().get(key);
+  ASSERT_NE(k, nullptr) << key.name();
+  if (test::emulated_level(isa))
+    test::emulate_x64(k->code.data(), k->code.size(), &args);
+  else
+    reinterpret_cast<QuantFn>(const_cast<void*>(k->entry()))(&args);
+}
+
 TEST(RowQuant, KernelsMatchTheCxxQuantizerBitwise) {
 #if defined(__aarch64__)
   GTEST_SKIP() << "the quantizer kernels are x86 (AArch64 runs formats::quantize_row_int8)";
 #else
   size_t checked = 0;
   for (IsaLevel isa : test::kernel_test_levels()) {
-    KernelKey key;
-    key.kind = KernelKind::quantize;
-    key.isa = isa;
-    key.format = WeightFormat::int8;
     auto run = [&](uint16_t variant, const QuantArgs& args) {
-      key.variant = variant;
-      const Kernel* k = KernelCache::instance().get(key);
-      ASSERT_NE(k, nullptr) << key.name();
-      if (test::emulated_level(isa))
-        test::emulate_x64(k->code.data(), k->code.size(), &args);
-      else
-        reinterpret_cast<QuantFn>(const_cast<void*>(k->entry()))(&args);
+      run_quant_kernel(isa, variant, args);
     };
     for (int64_t n : kLengths)
       for (const auto& x : rows_of(n, uint32_t(n))) {
@@ -122,22 +127,13 @@ TEST(RowQuant, Bf16KernelMatchesTheCxxRoundingBitwise) {
 #else
   size_t checked = 0;
   for (IsaLevel isa : test::kernel_test_levels()) {
-    KernelKey key;
-    key.kind = KernelKind::quantize;
-    key.isa = isa;
-    key.format = WeightFormat::int8;
-    key.variant = kQuantBf16;
-    const Kernel* k = KernelCache::instance().get(key);
-    ASSERT_NE(k, nullptr) << key.name();
     for (int64_t n : {16, 32, 48, 256, 2048})
       for (uint32_t seed : {1u, 2u, 3u}) {
         const std::vector<float> x = bf16_edges(n, seed + uint32_t(n));
         std::vector<uint16_t> got(size_t(n + 16), 0x5555);
         QuantArgs args{x.data(), n / 16, reinterpret_cast<int8_t*>(got.data()), nullptr, 0.0f};
-        if (test::emulated_level(isa))
-          test::emulate_x64(k->code.data(), k->code.size(), &args);
-        else
-          reinterpret_cast<QuantFn>(const_cast<void*>(k->entry()))(&args);
+        run_quant_kernel(isa, kQuantBf16, args);
+        if (HasFatalFailure()) return;
         for (int64_t i = 0; i < n; ++i)
           ASSERT_EQ(got[size_t(i)], formats::f32_to_bf16(x[size_t(i)]))
               << isa_name(isa) << " n=" << n << " i=" << i << " bits=0x" << std::hex
