@@ -41,6 +41,7 @@ std::vector<std::vector<float>> rows_of(int64_t n, uint32_t seed) {
 
 const int64_t kLengths[] = {16, 32, 48, 64, 80, 112, 768, 2048, 7168};
 
+#if !defined(__aarch64__)
 // Runs the quantize kernel `variant` of `isa` on `args`: natively, or in the interpreter.
 void run_quant_kernel(IsaLevel isa, uint16_t variant, const QuantArgs& args) {
   KernelKey key;
@@ -55,6 +56,7 @@ void run_quant_kernel(IsaLevel isa, uint16_t variant, const QuantArgs& args) {
   else
     reinterpret_cast<QuantFn>(const_cast<void*>(k->entry()))(&args);
 }
+#endif
 
 TEST(RowQuant, KernelsMatchTheCxxQuantizerBitwise) {
 #if defined(__aarch64__)
