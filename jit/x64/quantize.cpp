@@ -136,37 +136,37 @@ class QuantizeGenerator : public JitGenerator {
 
   // One vector of fp32 bits `x` (already loaded) to its bf16 bits in the low word of each dword
   // of `out`; t is a temporary.
+  // Bitwise and / or at either width: EVEX vpandd / vpord on zmm, VEX vpand / vpor on ymm.
+  void vand(const Xmm& d, const Xmm& a, const Xmm& b) {
+    if (zmm_isa())
+      vpandd(d, a, b);
+    else
+      vpand(d, a, b);
+  }
+  void vor(const Xmm& d, const Xmm& a, const Xmm& b) {
+    if (zmm_isa())
+      vpord(d, a, b);
+    else
+      vpor(d, a, b);
+  }
   void bf16_lanes(const Xmm& out, const Xmm& x, const Xmm& t) {
     const Xmm one = vreg(4), round = vreg(5), abs = vreg(6), inf = vreg(7), qbit = vreg(8);
-    const bool z = zmm_isa();
     // rne = (u + 0x7fff + lsb) >> 16
-    if (z) {
-      vpsrld(t, x, 16);
-      vpandd(out, t, one);
-      vpaddd(out, out, x);
-      vpaddd(out, out, round);
-      vpsrld(out, out, 16);
-      vpord(t, t, qbit);  // nan = u >> 16 | 0x40
-    } else {
-      vpsrld(t, x, 16);
-      vpand(out, t, one);
-      vpaddd(out, out, x);
-      vpaddd(out, out, round);
-      vpsrld(out, out, 16);
-      vpor(t, t, qbit);
-    }
+    vpsrld(t, x, 16);
+    vand(out, t, one);
+    vpaddd(out, out, x);
+    vpaddd(out, out, round);
+    vpsrld(out, out, 16);
+    vor(t, t, qbit);  // nan = u >> 16 | 0x40
     // mask = (0x7f800000 - |u|) >> 31 (arithmetic): all ones on NaN
     const Xmm m = x;  // x is not needed any more
-    if (z) {
-      vpandd(m, x, abs);
-      vpsubd(m, inf, m);
-      vpsrad(m, m, 31);
+    vand(m, x, abs);
+    vpsubd(m, inf, m);
+    vpsrad(m, m, 31);
+    if (zmm_isa()) {
       vpternlogd(m, t, out, 0xca);  // m ? nan : rne
       vmovdqa32(out, m);
     } else {
-      vpand(m, x, abs);
-      vpsubd(m, inf, m);
-      vpsrad(m, m, 31);
       vpblendvb(out, out, t, m);
     }
   }
@@ -211,6 +211,16 @@ class QuantizeGenerator : public JitGenerator {
     L(done);
   }
 
+  // A vpshufb table at `l`: in each 128-bit lane, the low `width` bytes of its 4 dwords packed
+  // into bytes at .. at + 4 * width - 1, zero elsewhere (round: the int8 bytes; bf16: the words).
+  void shuffle_low_bytes(Label& l, int width, int at) {
+    L(l);
+    for (int lane = 0; lane < 4; ++lane)
+      for (int b = 0; b < 16; ++b)
+        db(b >= at && b < at + 4 * width ? uint8_t(4 * ((b - at) / width) + (b - at) % width)
+                                         : 0x80);
+  }
+
   void constants() {
     align(64);
     emit_const32(c_abs_, 0x7fffffffu);
@@ -218,13 +228,8 @@ class QuantizeGenerator : public JitGenerator {
     emit_const32(c_lo_, f32_bits(-127.0f));
     // vpshufb per 128-bit lane: the low bytes of its 4 dwords into bytes 0-3 (ymm's second
     // vector: 4-7), zero elsewhere
-    auto shuffle = [&](Label& l, int at) {
-      L(l);
-      for (int lane = 0; lane < 4; ++lane)
-        for (int b = 0; b < 16; ++b) db(b >= at && b < at + 4 ? uint8_t(4 * (b - at)) : 0x80);
-    };
-    shuffle(c_shuf_, 0);
-    shuffle(c_shuf_b_, 4);
+    shuffle_low_bytes(c_shuf_, 1, 0);
+    shuffle_low_bytes(c_shuf_b_, 1, 4);
     // vpermd: zmm dwords 0, 4, 8, 12 first; ymm 0, 4, 1, 5
     L(c_perm_);
     const uint32_t pz[16] = {0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -238,14 +243,8 @@ class QuantizeGenerator : public JitGenerator {
     // bf16: vpshufb per 128-bit lane, the low words of its 4 dwords into bytes 0-7 (ymm's second
     // vector: 8-15), zero elsewhere; vpermd: zmm dwords 0, 1, 4, 5, 8, 9, 12, 13 first; ymm
     // (quad words lo0-3, hi0-3, lo4-7, hi4-7) 0, 1, 4, 5, 2, 3, 6, 7
-    auto words = [&](Label& l, int at) {
-      L(l);
-      for (int lane = 0; lane < 4; ++lane)
-        for (int b = 0; b < 16; ++b)
-          db(b >= at && b < at + 8 ? uint8_t(4 * ((b - at) / 2) + (b - at) % 2) : 0x80);
-    };
-    words(c_w_shuf_, 0);
-    words(c_w_shuf_b_, 8);
+    shuffle_low_bytes(c_w_shuf_, 2, 0);
+    shuffle_low_bytes(c_w_shuf_b_, 2, 8);
     L(c_w_perm_);
     const uint32_t wz[16] = {0, 1, 4, 5, 8, 9, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0};
     const uint32_t wy[16] = {0, 1, 4, 5, 2, 3, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0};
