@@ -590,6 +590,9 @@ TEST(MxMoELayer, ForwardMatchesReferenceAndMath) {
                                    sc[size_t(m)].data() + r * cols[m] / 32, cols[m],
                                    deq[size_t(m)].data() + r * cols[m]);
     }
+    const GemmKernelSet tier =
+        make_gemm_kernel_set(selected_isa(), fp4 ? WeightFormat::mxfp4 : WeightFormat::mxfp8,
+                             Epilogue::siluup, 0, kSwigluClamp, true);
     for (float limit : {0.0f, 0.5f})
       for (float alpha : {0.0f, 1.702f}) {
         MoELayer layer(shape, method, selected_isa(), std::vector<int64_t>{0, 32, I});
@@ -649,8 +652,15 @@ TEST(MxMoELayer, ForwardMatchesReferenceAndMath) {
             }
           }
           // MXFP4 decode tiles on AVX-512 quantize activations to int16 per 32-group (relative
-          // step 1/32767 of the group's amax): about 1.5e-5 here, well inside SPEC's 1e-2.
-          EXPECT_LT(err / mag, fp4 ? 1e-4 : 1e-5) << what;
+          // step 1/32767 of the group's amax): about 1.5e-5 here, well inside SPEC's 1e-2. At
+          // isa amx an expert with tile_min_rows rows or more runs AMX-BF16 tiles on bf16
+          // activation rows (about 3e-3 here, SPEC §4's bf16 bar: 1e-2).
+          std::vector<int64_t> per_expert(size_t(E), 0);
+          for (int64_t s = 0; s < T * K; ++s)
+            if (ids[size_t(s)] >= 0 && ids[size_t(s)] < E) ++per_expert[size_t(ids[size_t(s)])];
+          const int64_t longest = *std::max_element(per_expert.begin(), per_expert.end());
+          const bool bf16_rows = tier.tile_rows > 0 && longest >= tier.tile_min_rows;
+          EXPECT_LT(err / mag, bf16_rows ? 1e-2 : fp4 ? 1e-4 : 1e-5) << what;
         }
       }
   }
