@@ -366,7 +366,8 @@ int qgroup_lane_steps(const KernelKey& key);
 // offset codes' c0 * s_g).
 inline bool qgroup_needs_gsum(const KernelKey& key) {
   return (key.variant & kQGroupBias) ||
-         (qgroup_flip_codes(key.isa) && !(key.variant & kQGroupIntFold)) || qgroup_code_offset(key);
+         (qgroup_flip_codes(key.isa) && !(key.variant & (kQGroupIntFold | kQGroupOffset))) ||
+         qgroup_code_offset(key);
 }
 
 // Strips are 4 vectors of columns wide; a tail strip may hold fewer vectors.

@@ -199,9 +199,11 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
   const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
   const int rows = key.m_r;
-  const uint8_t flip = qgroup_flip_codes(key.isa) && !(key.variant & kQGroupIntFold) ? 0x80 : 0;
   // offset codes (kQGroupOffset): the table holds code + c0, read unsigned; c0 * s_g comes off
+  // (at the VNNI levels too, instead of the + 128 there: c0 = 0 or an identity nibble table)
   const bool offset = key.variant & kQGroupOffset;
+  const uint8_t flip =
+      qgroup_flip_codes(key.isa) && !(key.variant & kQGroupIntFold) && !offset ? 0x80 : 0;
   const int32_t c0 = qgroup_code_offset(key);
   // two-level scales (kQGroupSuper): per super block of g_per_super groups a header of fp32
   // factors (scale, then bias, per column), each group's codes followed by int8 subs

@@ -49,8 +49,9 @@ constexpr uint8_t kQGroupBias = 2;     // a per-(column, group) offset term
 // Nibble codes whose 4-bit table spans at most 129 values (Q4_0, Q4_1, Q4_K, RAWINT4, GPTQ_INT4;
 // not IQ4): the kernels take table + c0 (c0 = 0 or a power of two, so every entry is in [0, 129])
 // as the unsigned operand of vpmaddubsw with the signed activations, no sign step, and subtract
-// c0 * s_g per group. c0's log2 + 1 is in variant bits 4..7 (0: c0 = 0). jit/gemm.hpp
-// qgroup_code_offset.
+// c0 * s_g per group. At the VNNI levels (vpdpbusd) only codes that need no offset (c0 = 0) or an
+// identity table at c0 (kQGroupIdentity: Q4_0's nibble - 8), instead of the + 128 of the other
+// codes there. c0's log2 + 1 is in variant bits 4..7 (0: c0 = 0). jit/gemm.hpp qgroup_code_offset.
 constexpr uint8_t kQGroupOffset = 4;
 // Two-level scales (GGUF's K-quants and IQ4_XS): each group's scale (and bias) is stored as an
 // int8 sub-scale, multiplied in the kernel by an fp32 factor per column and super block of

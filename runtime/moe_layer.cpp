@@ -56,18 +56,28 @@ bool half_strips_allowed() {
   return env_switch_on("KT_JIT_HALF_STRIPS");
 }
 
-// qgroup offset codes (jit/kernel.hpp kQGroupOffset) at avx2, for 4-bit tables that allow them:
-// c0, or -1 for the sign-step kernels. Per (row, vector) and K step they need 3 vector
-// instructions instead of 5 (vpsignb and vpabsb go). avx512 (no VNNI) has the same kernels, checked
-// in the interpreter, but keeps its vpblendmb ones until a CPU measures them; VNNI levels already
-// take the codes unsigned (+ 128).
+// qgroup offset codes (jit/kernel.hpp kQGroupOffset): c0, or -1 for the sign-step kernels (avx2)
+// and the + 128 ones (VNNI levels). At avx2, for tables that allow them: per (row, vector) and K
+// step 3 vector instructions instead of 5 (vpsignb and vpabsb go). At the VNNI levels codes that
+// are all >= 0 (c0 = 0: Q4_K, Q5_K, Q4_1, Q5_1, Q2_K) are vpdpbusd's unsigned operand as they are,
+// so no group end subtracts 128 * s_g, and nibble tables that are the nibble minus c0 (Q4_0,
+// RAWINT4) are stored as the nibble and subtract c0 * s_g instead: identity nibbles skip the
+// vpshufb. avx512 (no VNNI) has the avx2 kernels, checked in the interpreter, but keeps its
+// vpblendmb ones until a CPU measures them.
 int qgroup_offset(IsaLevel isa, const formats::GroupedSpec& g) {
-  return isa == IsaLevel::avx2 && !g.int_fold ? formats::qgroup_code_offset(g) : -1;
+  if (g.int_fold) return -1;
+  const int c0 = formats::qgroup_code_offset(g);
+  if (isa == IsaLevel::avx2) return c0;
+  if (!qgroup_flip_codes(isa) || c0 < 0) return -1;
+  return c0 == 0 || formats::qgroup_identity_table(g, c0) ? c0 : -1;
 }
-// What the packed byte codes and the kernels' table hold beyond each code at `isa`: + 128 at VNNI
-// levels (the XOR 0x80 of their unsigned operand), + c0 for offset codes, else nothing.
+// What the packed byte codes and the kernels' table hold beyond each code at `isa`: + c0 for
+// offset codes, + 128 for the other VNNI-level codes (the XOR 0x80 of their unsigned operand), else
+// nothing.
 int qgroup_store_offset(IsaLevel isa, const formats::GroupedSpec& g) {
-  return qgroup_flip_codes(isa) && !g.int_fold ? 128 : std::max(0, qgroup_offset(isa, g));
+  const int c0 = qgroup_offset(isa, g);
+  if (c0 >= 0) return c0;
+  return qgroup_flip_codes(isa) && !g.int_fold ? 128 : 0;
 }
 
 int64_t round_up(int64_t x, int64_t m) {
@@ -459,15 +469,18 @@ void MoELayer::build_kernels() {
   for (Shard& sh : shards_) {
     auto qg_variant = [&](const formats::GroupedSpec& g) {
       const int c0 = qgroup_offset(isa_, g);
-      // lane folds sum in int16 lanes (byte codes: folded into int32 every 4 K steps)
-      const bool lanes = qg_folds_ && c0 == 0 && formats::qgroup_lane_fold(g);
+      // lane folds sum in int16 lanes (byte codes: folded into int32 every 4 K steps): avx2;
+      // int16 group sums are for the vpmaddubsw levels (VNNI: vpdpbusd sums in int32)
+      const bool lanes =
+          qg_folds_ && isa_ == IsaLevel::avx2 && c0 == 0 && formats::qgroup_lane_fold(g);
+      const bool words = !qgroup_flip_codes(isa_) && formats::qgroup_int16_sums(g, c0);
       return uint16_t((g.code_bits == 4 ? kQGroupNibbles : 0) | (g.bias ? kQGroupBias : 0) |
                       (g.super_group ? kQGroupSuper : 0) |
                       (g.scale_dtype == formats::FloatType::f16    ? kQGroupF16
                        : g.scale_dtype == formats::FloatType::bf16 ? kQGroupBf16
                                                                    : 0) |
                       (c0 >= 0 ? qgroup_offset_variant(c0) : 0) |
-                      (formats::qgroup_int16_sums(g, c0) || lanes ? kQGroupI16 : 0) |
+                      (words || lanes ? kQGroupI16 : 0) |
                       (c0 >= 0 && formats::qgroup_identity_table(g, c0) ? kQGroupIdentity : 0) |
                       (g.int_fold ? kQGroupIntFold : 0) | (lanes ? kQGroupLaneFold : 0) |
                       (qg_psums_ && g.super_group && !g.bias ? kQGroupSuperSums : 0));

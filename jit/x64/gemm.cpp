@@ -145,11 +145,14 @@ class GemmGenerator : public JitGenerator {
          ((key.variant & 0xf0) && !qgo_) ||
          __builtin_popcount(key.variant & (kQGroupSuper | kQGroupF16 | kQGroupBf16)) > 1))
       throw std::invalid_argument("gemm: unknown qgroup variant bits: " + key.describe());
-    if (qgo_ && (vnni_ || qc0_ > 128))
+    if (qgo_ && ((vnni_ && qc0_ != 0 && !qgi_) || qc0_ > 128))
       throw std::invalid_argument(
-          "gemm: offset codes are kernels below the VNNI levels, offset <= 128: " + key.describe());
-    if (qgw_ && !qgo_)
-      throw std::invalid_argument("gemm: int16 group sums are for offset codes: " + key.describe());
+          "gemm: offset codes take an offset <= 128, at the VNNI levels none or an identity "
+          "nibble table: " +
+          key.describe());
+    if (qgw_ && (!qgo_ || vnni_))
+      throw std::invalid_argument(
+          "gemm: int16 group sums are for offset codes below the VNNI levels: " + key.describe());
     if (qgl_ && (key.isa != IsaLevel::avx2 || !qgs_ || (qg4_ && !qgi_) || !qgo_ || qc0_ != 0 ||
                  !qgw_ || qgf_))
       throw std::invalid_argument(
@@ -1049,7 +1052,9 @@ class GemmGenerator : public JitGenerator {
         }
       L(whole);
     }
-    int shift = vnni_ && !qgf_ ? 7 : -1;        // (signed codes: the super block's header instead)
+    // 128 * s_g at the VNNI levels, but for offset codes (qgo_) and the signed codes of the int32
+    // folds (the super block's header instead); c0 * s_g for offset codes
+    int shift = vnni_ && !qgf_ && !qgo_ ? 7 : -1;
     for (int b = 0; qc0_ >> b; ++b) shift = b;  // log2(c0) (a power of two)
     const int kept = qgb_ ? mr_ : 0;            // qend_tmp(m): row m's s_g as fp32
     for (int m = 0; m < mr_; ++m) {
@@ -1160,7 +1165,8 @@ class GemmGenerator : public JitGenerator {
   }
 
   // The codes of vector v at K step u into `dst` as the level multiplies them: bytes as stored
-  // (VNNI: code + 128), or the nibble looked up in the lanes' 16-entry table.
+  // (VNNI: code + 128, offset codes code + c0), or the nibble looked up in the lanes' 16-entry
+  // table (identity tables: the nibble itself).
   void qgroup_codes(const Xmm& dst, int v, int u) {
     const Address mem = weight_mem(v, u);
     if (!qg4_) {
@@ -1249,7 +1255,7 @@ class GemmGenerator : public JitGenerator {
       }
       return;
     }
-    if (qgo_) {  // offset codes: acc += (code + c0) * a, the table's entries >= 0 (<= 129)
+    if (qgo_ && !vnni_) {  // offset codes: acc += (code + c0) * a, the table's entries in [0, 129]
       const bool pre = zmm_isa();  // zmm: the code vectors decoded once for the tile's rows
       if (pre)
         for (int v = 0; v < nv_; ++v) qgroup_codes(qw(v), v, u);
@@ -1264,8 +1270,9 @@ class GemmGenerator : public JitGenerator {
       }
       return;
     }
-    if (vnni_) {  // acc += (code + 128) * a over 4 k (unsigned x signed); with the signed codes
-      // of kQGroupIntFold (a + 128) * code (the header's correction comes off per super block)
+    if (vnni_) {  // acc += (code + 128) * a over 4 k (unsigned x signed), or (code + c0) * a for
+      // offset codes (qgo_); with the signed codes of kQGroupIntFold (a + 128) * code (the
+      // header's correction comes off per super block)
       for (int v = 0; v < nv_; ++v) qgroup_codes(qw(v), v, u);
       for (int m = 0; m < mr_; ++m) {
         vpbroadcastd(qbcast(), dword[a_row(m) + 4 * u]);

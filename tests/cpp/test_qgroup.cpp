@@ -183,8 +183,9 @@ Packed make_weights(const Problem& p) {
   formats::GroupedSlice sl[2];
   for (int s = 0; s < sources; ++s) sl[s] = {&pk.src[size_t(s)].m, p.K, 0, 0, "src"};
   pk.w.resize(size_t(pk.layout.total_bytes()));
-  // what the codes are stored with: + 128 (VNNI), + c0 (offset codes), or as they are
-  const int store = qgroup_flip_codes(p.isa) && !p.fold ? 128 : p.offset ? p.c0() : 0;
+  // what the codes are stored with: + c0 (offset codes), + 128 (other VNNI-level codes), or as
+  // they are
+  const int store = p.offset ? p.c0() : qgroup_flip_codes(p.isa) && !p.fold ? 128 : 0;
   formats::pack_qgroup_strips(pk.layout, pk.spec, sl, store, pk.w.data());
   formats::qgroup_kernel_lut(pk.spec, store, pk.lut);
   return pk;
@@ -429,20 +430,25 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
             for (int64_t N : Ns)
               for (const auto& gk : GKs) {
                 Problem p{isa, epi, nib, bias, M, N, gk[1], gk[0], seed++};
-                // offset codes below VNNI: every other nibble problem whose table allows them,
-                // and every other byte problem (its codes then in a narrow range)
-                p.offset = !isa_is_neon(isa) && !qgroup_flip_codes(isa) && (p.seed / 4) % 2;
-                if (p.offset && p.c0() < 0) p.offset = false;
+                // offset codes: every other nibble problem whose table allows them, and every
+                // other byte problem (its codes then in a narrow range); at the VNNI levels codes
+                // that need no offset (c0 = 0: Q4_K's table, bytes in [0, 31]) and tables that are
+                // the nibble minus c0 (Q4_0's)
+                p.offset = !isa_is_neon(isa) && (p.seed / 4) % 2;
+                if (p.offset && (p.c0() < 0 || (qgroup_flip_codes(isa) && p.c0() != 0 &&
+                                                !formats::qgroup_identity_table(p.spec(), p.c0()))))
+                  p.offset = false;
                 // two-level scales on every other problem: one super block over all of K (5
                 // groups for K = 80 / 160), or a header per group
                 if ((p.seed / 2) % 2) p.super = (p.seed / 8) % 2 ? p.K / p.G : 1;
                 // else fp16 / bf16 / fp32 one-level scales in turn
                 if (!p.super) p.half = int((p.seed / 16) % 3);
                 // int16 group sums on three of four offset problems that allow them
-                p.words = p.offset && formats::qgroup_int16_sums(p.spec(), p.c0()) &&
-                          (p.seed / 32) % 4 != 0;
+                p.words = p.offset && !qgroup_flip_codes(isa) &&
+                          formats::qgroup_int16_sums(p.spec(), p.c0()) && (p.seed / 32) % 4 != 0;
+                // (at the VNNI levels an offset table always: their offset kernels need it)
                 p.ident = p.offset && formats::qgroup_identity_table(p.spec(), p.c0()) &&
-                          (p.seed / 64) % 4 != 0;
+                          ((p.seed / 64) % 4 != 0 || (qgroup_flip_codes(isa) && p.c0() != 0));
                 // int32 super-block folds at avx2 on three of four byte problems with two-level
                 // scales and no bias
                 if (isa == IsaLevel::avx2 && !nib && !bias && p.super && (p.seed / 128) % 4 != 0) {
@@ -455,6 +461,7 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
                 // with signed codes (int32-fold codes: Q6_K, Q3_K) on every other such byte
                 // problem
                 p.fold = p.fold || (p.psums && !nib && (p.seed / 512) % 2);
+                if (p.fold) p.offset = p.words = p.ident = false;
                 check_problem(p, &names);
                 if (HasFatalFailure()) return;
                 ++checked;
@@ -488,6 +495,12 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
     // (Q8_0 / IQ4-like: bytes, and nibbles through a table, one- and two-level scales)
     // fp32 super-block partials ran at the VNNI levels, bytes and nibbles, decode and prefill
     if (qgroup_flip_codes(isa)) {
+      // codes without an offset (Q4_K-like nibbles, Q5_K-like bytes), with and without a bias
+      EXPECT_GE(test::count_containing(names, "qg4u0i"), 4u) << isa_name(isa);
+      EXPECT_GE(test::count_containing(names, "qg4bu0i"), 4u) << isa_name(isa);
+      EXPECT_GE(test::count_containing(names, "qg8u0"), 4u) << isa_name(isa);
+      EXPECT_GE(test::count_containing(names, "qg8bu0"), 4u) << isa_name(isa);
+      EXPECT_GE(test::count_containing(names, "u8i"), 4u) << isa_name(isa);  // Q4_0-like table
       EXPECT_GE(test::count_containing(names, "qg8ps_" + std::string(isa_tag_of(isa))), 4u)
           << isa_name(isa);
       EXPECT_GE(test::count_containing(names, "qg4ps_" + std::string(isa_tag_of(isa))), 4u)
