@@ -5,8 +5,9 @@ On a shared VM both kt-jit's and a peer's times move by up to ±25 % between pro
 neighbour's load comes and goes over minutes), so one same-run ratio says little. This runs the
 same bench command R times, one process after the other, and prints every round's kt-jit time,
 peer times and speed-ups with the median over the rounds (of the ratios themselves, not a ratio
-of medians), plus each round's read probe so a slowed process shows, and for bandwidth-bound rows
-each round's "% of adjacent read probes" (the bench's paired reps) with their median.
+of medians), plus each round's read probe so a slowed process shows, each round's roof% (against
+that round's own measured limits) with its median, and for bandwidth-bound rows each round's
+"% of adjacent read probes" (the bench's paired reps) with their median.
 
     python tools/bench_rounds.py --rounds 3 [--json OUT.json] -- \\
         --method LLAMAFILE --gguf-type Q6_K --tokens 1,64,1024 --llamacpp-peer
@@ -39,11 +40,13 @@ def summarize(docs: List[Dict]) -> Dict:
                 {
                     "tokens": t,
                     "ktjit_us": [None] * len(docs),
+                    "roof_pct": [None] * len(docs),
                     "paired_pct": [None] * len(docs),
                     "peers": {},
                 },
             )
             row["ktjit_us"][i] = r.get("us")
+            row["roof_pct"][i] = r.get("roof_pct")
             row["paired_pct"][i] = r.get("paired_roof_pct")
             for p in PEERS:
                 if f"speedup_vs_{p}" not in r:
@@ -62,6 +65,7 @@ def summarize(docs: List[Dict]) -> Dict:
     for t in sorted(by_t):
         row = by_t[t]
         row["ktjit_us_median"] = med(row["ktjit_us"])
+        row["roof_pct_median"] = med(row["roof_pct"])
         row["paired_pct_median"] = med(row["paired_pct"])
         for pr in row["peers"].values():
             pr["us_median"] = med(pr["us"])
@@ -88,6 +92,11 @@ def render(summary: Dict) -> str:
             f"T={t:5d}: kt-jit µs {' / '.join(_fmt(v) for v in row['ktjit_us'])}"
             f" (median {_fmt(row['ktjit_us_median'])})"
         )
+        if row.get("roof_pct_median") is not None:
+            lines.append(
+                f"         roof% {' / '.join('-' if v is None else f'{v:.1f}' for v in row['roof_pct'])}"
+                f" (median {row['roof_pct_median']:.1f})"
+            )
         if row.get("paired_pct_median") is not None:
             lines.append(
                 f"         % of adjacent read probes "

@@ -27,10 +27,13 @@ def _doc(probe, rows):
 def test_medians_of_ratios_per_token_count():
     br = _tool()
     docs = [
-        _doc(14.0, [{"tokens": 1024, "us": 600.0, "llamacpp_us": 1800.0, "speedup_vs_llamacpp": 3.0},
+        _doc(14.0, [{"tokens": 1024, "us": 600.0, "llamacpp_us": 1800.0, "speedup_vs_llamacpp": 3.0,
+                     "roof_pct": 70.0},
                     {"tokens": 1, "us": 3.0, "paired_roof_pct": 91.0}]),
-        _doc(12.0, [{"tokens": 1024, "us": 800.0, "llamacpp_us": 1600.0, "speedup_vs_llamacpp": 2.0}]),
-        _doc(15.0, [{"tokens": 1024, "us": 500.0, "llamacpp_us": 1250.0, "speedup_vs_llamacpp": 2.5},
+        _doc(12.0, [{"tokens": 1024, "us": 800.0, "llamacpp_us": 1600.0, "speedup_vs_llamacpp": 2.0,
+                     "roof_pct": 60.0}]),
+        _doc(15.0, [{"tokens": 1024, "us": 500.0, "llamacpp_us": 1250.0, "speedup_vs_llamacpp": 2.5,
+                     "roof_pct": 80.0},
                     {"tokens": 1, "us": 5.0, "paired_roof_pct": 85.0}]),
     ]  # fmt: skip
     s = br.summarize(docs)
@@ -49,7 +52,11 @@ def test_medians_of_ratios_per_token_count():
     # the paired-probe roof% per round (bandwidth-bound rows only) and its median
     assert by_t[1]["paired_pct"] == [91.0, None, 85.0] and by_t[1]["paired_pct_median"] == 88.0
     assert by_t[1024]["paired_pct_median"] is None
+    # each round's roof% (its own limits) and the median of those
+    assert by_t[1024]["roof_pct"] == [70.0, 60.0, 80.0] and by_t[1024]["roof_pct_median"] == 70.0
+    assert by_t[1]["roof_pct_median"] is None
     text = br.render(s)
+    assert "roof% 70.0 / 60.0 / 80.0 (median 70.0)" in text
     assert "median 2.50x" in text and "3.00x / 2.00x / 2.50x" in text
     assert "% of adjacent read probes 91.0 / - / 85.0 (median 88.0)" in text
     assert text.count("adjacent read probes") == 1
