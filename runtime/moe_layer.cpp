@@ -56,18 +56,18 @@ bool half_strips_allowed() {
   return env_switch_on("KT_JIT_HALF_STRIPS");
 }
 
-// qgroup offset codes (jit/kernel.hpp kQGroupOffset): c0, or -1 for the sign-step kernels (avx2)
-// and the + 128 ones (VNNI levels). At avx2, for tables that allow them: per (row, vector) and K
-// step 3 vector instructions instead of 5 (vpsignb and vpabsb go). At the VNNI levels codes that
-// are all >= 0 (c0 = 0: Q4_K, Q5_K, Q4_1, Q5_1, Q2_K) are vpdpbusd's unsigned operand as they are,
-// so no group end subtracts 128 * s_g, and nibble tables that are the nibble minus c0 (Q4_0,
-// RAWINT4) are stored as the nibble and subtract c0 * s_g instead: identity nibbles skip the
-// vpshufb. avx512 (no VNNI) has the avx2 kernels, checked in the interpreter, but keeps its
-// vpblendmb ones until a CPU measures them.
+// qgroup offset codes (jit/kernel.hpp kQGroupOffset): c0, or -1 for the sign-step kernels (avx2,
+// avx512) and the + 128 ones (VNNI levels). At avx2 and avx512, for tables that allow them: per
+// (row, vector) and K step 3 vector instructions instead of 5 (vpsignb / vpblendmb and vpabsb go;
+// at avx512 measured on a Zen 4 capped to that level, 2026-11-27: Q4_K 1.89x, Q4_0 1.95x at
+// T = 1024). At the VNNI levels codes that are all >= 0 (c0 = 0: Q4_K, Q5_K, Q4_1, Q5_1, Q2_K) are
+// vpdpbusd's unsigned operand as they are, so no group end subtracts 128 * s_g, and nibble tables
+// that are the nibble minus c0 (Q4_0, RAWINT4) are stored as the nibble and subtract c0 * s_g
+// instead: identity nibbles skip the vpshufb.
 int qgroup_offset(IsaLevel isa, const formats::GroupedSpec& g) {
   if (g.int_fold) return -1;
   const int c0 = formats::qgroup_code_offset(g);
-  if (isa == IsaLevel::avx2) return c0;
+  if (isa == IsaLevel::avx2 || isa == IsaLevel::avx512) return c0;
   if (!qgroup_flip_codes(isa) || c0 < 0) return -1;
   return c0 == 0 || formats::qgroup_identity_table(g, c0) ? c0 : -1;
 }
