@@ -93,10 +93,8 @@ def render(summary: Dict) -> str:
             f" (median {_fmt(row['ktjit_us_median'])})"
         )
         if row.get("roof_pct_median") is not None:
-            lines.append(
-                f"         roof% {' / '.join('-' if v is None else f'{v:.1f}' for v in row['roof_pct'])}"
-                f" (median {row['roof_pct_median']:.1f})"
-            )
+            per_round = " / ".join("-" if v is None else f"{v:.1f}" for v in row["roof_pct"])
+            lines.append(f"         roof% {per_round} (median {row['roof_pct_median']:.1f})")
         if row.get("paired_pct_median") is not None:
             lines.append(
                 f"         % of adjacent read probes "

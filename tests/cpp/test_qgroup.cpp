@@ -446,7 +446,7 @@ TEST(QGroup, SweepMatchesReferenceBitwise) {
                 // int16 group sums on three of four offset problems that allow them
                 p.words = p.offset && !qgroup_flip_codes(isa) &&
                           formats::qgroup_int16_sums(p.spec(), p.c0()) && (p.seed / 32) % 4 != 0;
-                // (at the VNNI levels an offset table always: their offset kernels need it)
+                // (at the VNNI levels always where c0 > 0: their offset kernels take no table)
                 p.ident = p.offset && formats::qgroup_identity_table(p.spec(), p.c0()) &&
                           ((p.seed / 64) % 4 != 0 || (qgroup_flip_codes(isa) && p.c0() != 0));
                 // int32 super-block folds at avx2 on three of four byte problems with two-level
