@@ -392,15 +392,16 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant = kBf16Pairs;
-  } else if (isa == IsaLevel::avx2 &&
+  } else if ((isa == IsaLevel::avx2 || isa == IsaLevel::avx512 || isa == IsaLevel::avx512_vnni) &&
              ((fmt == WeightFormat::fp8 && k_pairs) || is_mx_format(fmt))) {
     // Strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel): the strip decoded once (fp8 to
-    // fp16, mx to bf16 k pairs), then 3-row blocks of FMAs over it, from one full block on. The
-    // fp32 prefill tiles have 2-3 rows and decode every weight again for each block (FP8 held about
-    // 30 % of the FMA peak at Qwen3 T = 1024 on Zen 3); the remainder of 1-2 rows runs in the same
-    // call over the same scratch (GemmArgs::m_tail). avx512 and avx512_vnni keep their 6-row fp32
-    // tiles: the same kernels generate there but have not been measured on such a CPU. (MX K is a
-    // multiple of 32: always k pairs.)
+    // fp16, mx to bf16 k pairs), then blocks of FMAs over it (3 rows at avx2, 6 on zmm), from one
+    // full block on. The fp32 prefill tiles decode every weight again for each block (FP8 held
+    // about 30 % of the FMA peak at Qwen3 T = 1024 on Zen 3); the remainder runs in the same call
+    // over the same scratch (GemmArgs::m_tail). At avx512 and avx512_vnni since 2026-11-27 (a Zen 4
+    // capped to those levels, Qwen3 T = 1024: FP8 1.29-1.33x, MXFP8 1.28x, MXFP4 1.20x).
+    // avx512_bf16 runs FP8 on its vdpbf16ps pair tiles above and MX on the 6-row fp32 tiles. (MX K
+    // is a multiple of 32: always k pairs.)
     ks.tile_rows = ks.tile_min_rows = gemm_max_rows(isa, WeightFormat::bf16);
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
