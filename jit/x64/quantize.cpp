@@ -15,6 +15,7 @@
 //        words gathered into 32 bytes (vpshufb per 128-bit lane + vpermd, as round does).
 #include "jit/x64/quantize.hpp"
 
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -231,10 +232,7 @@ class QuantizeGenerator : public JitGenerator {
     shuffle_low_bytes(c_shuf_, 1, 0);
     shuffle_low_bytes(c_shuf_b_, 1, 4);
     // vpermd: zmm dwords 0, 4, 8, 12 first; ymm 0, 4, 1, 5
-    L(c_perm_);
-    const uint32_t pz[16] = {0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    const uint32_t py[16] = {0, 4, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    for (int i = 0; i < 16; ++i) dd(zmm_isa() ? pz[i] : py[i]);
+    permute_table(c_perm_, {0, 4, 8, 12}, {0, 4, 1, 5});
     emit_const32(c_flip_, 0x80808080u);
     emit_const32(c_one_, 1);
     emit_const32(c_7fff_, 0x7fff);
@@ -245,10 +243,15 @@ class QuantizeGenerator : public JitGenerator {
     // (quad words lo0-3, hi0-3, lo4-7, hi4-7) 0, 1, 4, 5, 2, 3, 6, 7
     shuffle_low_bytes(c_w_shuf_, 2, 0);
     shuffle_low_bytes(c_w_shuf_b_, 2, 8);
-    L(c_w_perm_);
-    const uint32_t wz[16] = {0, 1, 4, 5, 8, 9, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0};
-    const uint32_t wy[16] = {0, 1, 4, 5, 2, 3, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0};
-    for (int i = 0; i < 16; ++i) dd(zmm_isa() ? wz[i] : wy[i]);
+    permute_table(c_w_perm_, {0, 1, 4, 5, 8, 9, 12, 13}, {0, 1, 4, 5, 2, 3, 6, 7});
+  }
+  // A vpermd index table at `l`: the zmm or the ymm order for this level, zero-filled to 16 dwords.
+  void permute_table(Label& l, std::initializer_list<uint32_t> zmm,
+                     std::initializer_list<uint32_t> ymm) {
+    L(l);
+    const std::initializer_list<uint32_t>& idx = zmm_isa() ? zmm : ymm;
+    for (uint32_t v : idx) dd(v);
+    for (size_t i = idx.size(); i < 16; ++i) dd(0);
   }
 
   const uint16_t variant_;
