@@ -345,12 +345,19 @@ class GemmGenerator : public JitGenerator {
         mov(reg_tmp2, reg_strip);
         mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
         shr(reg_tmp, 1);
-        if (sfma_ && mx_)
+        if (sfma_ && mx_) {
           mx_fma_repack();
-        else if (sfma_)
+        } else if (sfma_) {
           fp8_fma_repack();
-        else
+        } else if (fp8_fused_first()) {  // a call with a full block decodes in its first one
+          Label fused;
+          cmp(arg(offsetof(GemmArgs, m_blocks)), 0);
+          jg(fused, T_NEAR);
           fp8_pair_repack();
+          L(fused);
+        } else {
+          fp8_pair_repack();
+        }
       }
       if (prefill_) {
         Label mb_done;
@@ -362,10 +369,10 @@ class GemmGenerator : public JitGenerator {
         // line per two K steps: an eighth of it, below DRAM speed), so the next strip's DRAM
         // stream overlaps this strip's compute; later blocks only re-read this strip from L2.
         // Pair kernels pull more lines a step (microkernel_pairs, microkernel_sfma).
-        const int pf_blocks = pairs_           ? kPairPrefetchBlocks
+        const int pf_blocks = pairs_                   ? kPairPrefetchBlocks
                               : fp8p_ || sfma_ ? 1
-                              : half_          ? kPrefetchBlocks / 2  // two passes a block
-                                               : kPrefetchBlocks;
+                              : half_                  ? kPrefetchBlocks / 2  // two passes a block
+                                                       : kPrefetchBlocks;
         strip_bytes_to(reg_pf);
         add(reg_pf, reg_strip);
         {  // the call's last strip prefetches GemmArgs::pf_last where the caller gave one
@@ -477,7 +484,15 @@ class GemmGenerator : public JitGenerator {
       mov(reg_w, reg_strip);
     cmp(reg_row, pf_blocks * mr_);
     jge(no_pf, T_NEAR);
-    compute_block(true);
+    if (fp8_fused_first()) {  // pf_blocks is 1: this is the call's first block
+      mov(reg_w, reg_strip);
+      mov(reg_sw, arg(offsetof(GemmArgs, scratch)));
+      fuse_ = true;
+      compute_block(true);
+      fuse_ = false;
+    } else {
+      compute_block(true);
+    }
     jmp(next, T_NEAR);
     L(no_pf);
     compute_block(false);
@@ -557,6 +572,7 @@ class GemmGenerator : public JitGenerator {
     }
     if (qg_) load_params_qgroup();
     if (fp8p_ && !prefill_) fp8_pair_constants();
+    if (fuse_) fp8_fused_constants();
     if ((bf16_ || sfma_) && !pairs_ && zmm_isa())
       vmovups(Zmm(29), zword[rip + c_hi16_]);  // odd-k mask
     if (i16_ && zmm_isa())
@@ -621,7 +637,9 @@ class GemmGenerator : public JitGenerator {
       // fp8 pair prefill reads the strip's k-pair copy in the scratch (scratch_pairs), with
       // vdpbf16ps or (strip-scratch kernels) the bf16 FMA microkernel.
       auto step = [&](int u) {
-        if (sfma_)
+        if (fuse_)
+          microkernel_fp8_fused(u, prefetch_next);
+        else if (sfma_)
           microkernel_sfma(u, prefetch_next);
         else if (scratch_pairs())
           microkernel_pairs(u, prefetch_next);
@@ -629,7 +647,10 @@ class GemmGenerator : public JitGenerator {
           microkernel(u, prefetch_next);
       };
       auto move_on = [&](int steps) {
-        if (sfma_)
+        if (fuse_) {
+          advance_pairs(steps, prefetch_next, fp8p_step_bytes());
+          add(reg_sw, nv_ * 64 * steps);
+        } else if (sfma_)
           advance_sfma(steps, prefetch_next);
         else if (scratch_pairs())
           advance_pairs(steps, prefetch_next);
@@ -1478,11 +1499,11 @@ class GemmGenerator : public JitGenerator {
       for (int v = 0; v < nv_; ++v)
         vdpbf16ps(fp8p_ ? gacc(m, v) : acc(m, v), wreg(v), ptr_b[a_row(m) + 4 * u]);
   }
-  void advance_pairs(int pairs, bool prefetch_next) {
+  void advance_pairs(int pairs, bool prefetch_next, int w_bytes_per_pair = 0) {
     if (prefetch_next) add(reg_pf, 128 * pairs);
     add(reg_a, 4 * pairs);
     if (mr_ > 3) add(reg_a3, 4 * pairs);
-    add(reg_w, nv_ * 64 * pairs);
+    add(reg_w, (w_bytes_per_pair ? w_bytes_per_pair : nv_ * 64) * pairs);
   }
 
   // Moves the weight stream on by `bytes`. Decode kernels first prefetch the lines that many
@@ -1945,6 +1966,51 @@ class GemmGenerator : public JitGenerator {
     dec(reg_tmp);
     jnz(loop, T_NEAR);
     L(done);
+  }
+  // Prefill of full strips (4 vectors) fuses the decode into the call's first block: it reads the
+  // strip, stores each k pair's bf16 pairs to the scratch for the later blocks and the tail, and
+  // feeds them to its own vdpbf16ps at once. A separate decode pass before the blocks took about
+  // a fifth of the kernel's time at Qwen3-30B-A3B T = 256: 2 bytes of scratch written and read
+  // back through L2 per weight byte, with no compute to hide behind. The 6-row block's group sums
+  // take zmm0-23, so the decode keeps half of each table and the sign mask in zmm24-26 (the
+  // other halves and the gather indices are memory operands) and its temporaries in zmm27-31
+  // (free in the K loop; the group-end fold and scale load use zmm30 / 31, and the constants
+  // are loaded per tile). Same values in the same order as the repack: the same bits.
+  bool fp8_fused_first() const { return fp8p_ && prefill_ && sv_ == kStripVecs; }
+  int fp8p_step_bytes() const { return 2 * strip_cols(); }
+  const Reg64 reg_sw = r13;  // the fused block's scratch write pointer (fp8: reg_comp is unused)
+  bool fuse_ = false;
+  void fp8_fused_constants() {
+    vmovdqu8(Zmm(24), zword[rip + c_fp8_lut_[0]]);
+    vmovdqu8(Zmm(25), zword[rip + c_fp8_lut_[1]]);
+    vpbroadcastd(Zmm(26), dword[rip + c_80_]);
+  }
+  void microkernel_fp8_fused(int u, bool prefetch_next) {
+    if (prefetch_next) {
+      prefetcht1(ptr[reg_pf + u * 128]);
+      prefetcht1(ptr[reg_pf + u * 128 + 64]);
+    }
+    const RegExp wm = reg_w + u * fp8p_step_bytes();
+    const Zmm row0(27), p(28), lo(29), hi(30), w(31);
+    vmovdqu8(row0, zword[wm]);
+    for (int j = 0; j < 2; ++j) {
+      vmovdqu8(p, zword[rip + c_fp8_idx_[j]]);
+      vpermi2b(p, row0, zword[wm + 64]);
+      vmovdqa64(lo, p);
+      vpermi2b(lo, Zmm(24), zword[rip + c_fp8_lut_[0] + 64]);
+      vmovdqa64(hi, p);
+      vpermi2b(hi, Zmm(25), zword[rip + c_fp8_lut_[1] + 64]);
+      vpternlogd(hi, p, Zmm(26), 0xf8);  // hi | (p & 0x80): the sign
+      for (int h = 0; h < 2; ++h) {
+        const int v = 2 * j + h;
+        if (h == 0)
+          vpunpcklbw(w, lo, hi);
+        else
+          vpunpckhbw(w, lo, hi);
+        vmovups(zword[reg_sw + (u * nv_ + v) * 64], w);
+        for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
+      }
+    }
   }
 
   // mx: groups of g_steps (32) K steps; each group starts with the strip's exponent bytes (one

@@ -415,7 +415,9 @@ TEST(Gemm, Fp8StripScratchTilesMatchReferenceBitwise) {
 
 // fp8 pair prefill at avx512_bf16 with every tail size after its 6-row blocks (GemmArgs::m_tail,
 // tail_rows_kernel): 1 and 2 rows keep their group sums in zmm8-15, 3-5 on the stack; the sweep
-// above meets only tails of 4 and 5.
+// above meets only tails of 4 and 5. Calls over full strips decode each strip in their first block
+// (the later blocks and the tail read the scratch it wrote), calls of no block (M 5) before the
+// tail: N 200 gives calls of three full strips, the next strip prefetched from each first block.
 TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "x86 kernels";
@@ -433,7 +435,7 @@ TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
   for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
     // tails 5 (alone), 0, 2, 3, 4, 1, 3 (no multiple of 7: make_outputs)
     for (int64_t M : {5, 6, 8, 9, 10, 13, 15})
-      for (int64_t N : {16, 100})
+      for (int64_t N : {16, 100, 200})
         for (int64_t K : {64, 130}) {
           Problem p{IsaLevel::avx512_bf16, WeightFormat::fp8, epi, M, N, K, seed++};
           ASSERT_TRUE(p.fp8_pairs()) << p.repro();
