@@ -255,6 +255,16 @@ inline bool fp8_pair_kernel(const KernelKey& key) {
 //         subnormal, which TDPBF16PS reads as zero anyway; one chain over all of K; y = acc.
 // The chains run in blocks of 16 pairs from each group's start, as the tile model computes
 // TDPBF16PS (amx::tdpbf16ps_element).
+// mxfp4 / mxfp8 prefill at avx512_bf16 (variant kMxPairs): each strip is decoded once into
+// GemmArgs::scratch as bf16 k pairs, the same weights as amx_decoded_weight's below (the top 16
+// bits of value * scale, exact unless an fp32 subnormal, which vdpbf16ps reads as zero anyway), by
+// the strip-scratch kernels' decode; then 6-row blocks (and the rows left, GemmArgs::m_tail) of
+// the bf16 pair microkernel over bf16 activation pairs (rounded RNE by the caller), one chain
+// over all of K per lane: acc = vdpbf16ps_lane(acc, a_pair[p], w_pair[p]); y = acc.
+inline bool mx_pair_kernel(const KernelKey& key) {
+  return is_mx_format(key.format) && key.kind == KernelKind::gemm_prefill &&
+         (key.variant & kMxPairs);
+}
 inline bool amx_decoded_weight(const KernelKey& key) {
   return key.isa == IsaLevel::amx && key.kind == KernelKind::gemm_prefill &&
          (key.format == WeightFormat::fp8 || is_mx_format(key.format));
@@ -294,7 +304,7 @@ inline bool int8_tail_prefetch_kernel(const KernelKey& key) {
 inline bool tail_rows_kernel(const KernelKey& key) {
   return strip_scratch_kernel(key) || int8_tail_prefetch_kernel(key) ||
          (key.isa == IsaLevel::avx512_bf16 && key.kind == KernelKind::gemm_prefill &&
-          (bf16_pair_kernel(key) || fp8_pair_kernel(key)));
+          (bf16_pair_kernel(key) || fp8_pair_kernel(key) || mx_pair_kernel(key)));
 }
 // Rows a kernel call computes: m_blocks blocks of m_r rows (prefill; tail_rows_kernel then m_tail
 // more), or m_r (decode).
@@ -303,10 +313,11 @@ inline int64_t gemm_call_rows(const KernelKey& key, const GemmArgs& args) {
   return args.m_blocks * key.m_r + (tail_rows_kernel(key) ? args.m_tail : 0);
 }
 // Kernels that need GemmArgs::scratch (k4 * 32 * n_vec bytes) for the strip decoded to bf16
-// pairs: fp8 pair prefill and the AMX-BF16 kernels of decoded formats (and the strip-scratch
+// pairs: fp8 and mx pair prefill and the AMX-BF16 kernels of decoded formats (and the strip-scratch
 // kernels above, whose 16-bit values take as many bytes).
 inline bool scratch_pair_kernel(const KernelKey& key) {
-  return (fp8_pair_kernel(key) && key.kind == KernelKind::gemm_prefill) || amx_decoded_weight(key);
+  return (fp8_pair_kernel(key) && key.kind == KernelKind::gemm_prefill) || mx_pair_kernel(key) ||
+         amx_decoded_weight(key);
 }
 // AMX-INT8 kernels of int4 (isa amx, prefill): each strip's nibbles are decoded into
 // GemmArgs::scratch as the int8 strip of the values 16 * q4 ([k4][column][4], exact), then run as
@@ -321,7 +332,8 @@ inline int64_t gemm_scratch_bytes(const KernelKey& key, int64_t k4) {
   return scratch_pair_kernel(key) || strip_scratch_kernel(key) ? k4 * 32 * key.n_vec : 0;
 }
 // Prefill kernels that take bf16 activation rows in whole blocks of m_r rows (the executor pads
-// the last block): bf16 pair kernels, fp8 pair prefill and the AMX kernels of decoded formats.
+// the last block, where the kernel does not run its last rows itself: tail_rows_kernel): bf16
+// pair kernels, fp8 and mx pair prefill and the AMX kernels of decoded formats.
 inline bool block_pair_kernel(const KernelKey& key) {
   return bf16_pair_kernel(key) || scratch_pair_kernel(key);
 }

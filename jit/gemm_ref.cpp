@@ -404,7 +404,8 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
 
 // mxfp4 / mxfp8: per strip and 32-wide K group, the columns' exponent bytes (scale = bits
 // byte << 23) then the group's weights; w' = value * scale (exact), acc = fma(a, w', acc) in k
-// order; y = acc.
+// order; y = acc. Pair kernels (mx_pair_kernel): bf16 activation pairs, w' as its top 16 bits,
+// acc = vdpbf16ps_lane(acc, a_pair, w'_pair) over the k pairs.
 void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
   const bool fp4 = key.format == WeightFormat::mxfp4;
   const bool gacc = decode_group_accumulate(key);
@@ -416,9 +417,37 @@ void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
   const int64_t group_bytes = cols + (fp4 ? G / 2 : G) * cols;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(args.w);
   const bool i16 = mx_int16_activations(key);
+  const bool pairs = mx_pair_kernel(key);
   const int64_t call_rows = gemm_call_rows(key, args);
   for (int64_t s = 0; s < args.n_strips; ++s, w += group_bytes * args.g_per_strip) {
     const int64_t col0 = args.out_col + s * out_cols;
+    // the top 16 bits of value * scale of (k, column n)
+    auto top16 = [&](int64_t k, int n) {
+      const uint8_t* gb = w + (k / G) * group_bytes;
+      const float scale = f32_from_bits(uint32_t(gb[n]) << 23);
+      const uint8_t* gw = gb + cols;
+      const int64_t kl = k % G;
+      float v;
+      if (fp4) {
+        const uint8_t b = gw[((kl / 8) * cols + n) * 4 + (kl % 8) / 2];
+        v = mx_e2m1(kl % 2 ? b >> 4 : b & 0x0f);
+      } else {
+        v = mx_e4m3_scaled(gw[kl * cols + n]);
+      }
+      return f32_to_bits(v * scale) >> 16;
+    };
+    for (int64_t m = 0; m < call_rows && pairs; ++m) {
+      const uint32_t* a32 = reinterpret_cast<const uint32_t*>(args.a + m * args.lda);
+      float y[64];
+      for (int n = 0; n < cols; ++n) {
+        float acc = 0.0f;
+        for (int64_t p = 0; p < K / 2; ++p)
+          acc = vdpbf16ps_lane(acc, a32[p], top16(2 * p, n) | top16(2 * p + 1, n) << 16);
+        y[n] = acc;
+      }
+      write_out(key, args, m, col0, y, cols);
+    }
+    if (pairs) continue;
     for (int64_t m = 0; m < call_rows && i16; ++m) {  // exact int32 per group
       const uint8_t* a = reinterpret_cast<const uint8_t*>(args.a + m * args.lda);
       float y[64];

@@ -132,6 +132,10 @@ constexpr uint8_t kFp8Fp32Widen = 2;
 // widened by vcvtph2ps; mx: bf16 k pairs, read by the bf16 FMA microkernel) and every M block
 // runs FMAs over it (fp32 activations). A bit of its own, clear of the SwiGLU and qgroup bits.
 constexpr uint8_t kStripScratch = 8;
+// KernelKey::variant bit of mxfp4 / mxfp8 prefill kernels at avx512_bf16 (jit/gemm.hpp
+// mx_pair_kernel; names end `_dpbf16`): each strip decoded once into bf16 k pairs, then the bf16
+// pair microkernel (vdpbf16ps) over bf16 activations. kBf16Pairs is taken by kSwigluClamp there.
+constexpr uint8_t kMxPairs = 0x10;
 
 enum class Epilogue : uint8_t {
   store = 0,   // out[m][n] = y

@@ -77,6 +77,8 @@ std::string KernelKey::name() const {
       s << (variant & kSwigluAlpha ? "_alpha" : "") << (variant & kSwigluClamp ? "_clamp" : "");
     if ((format == WeightFormat::bf16 || format == WeightFormat::fp8) && (variant & kBf16Pairs))
       s << "_dpbf16";
+    if ((format == WeightFormat::mxfp4 || format == WeightFormat::mxfp8) && (variant & kMxPairs))
+      s << "_dpbf16";
     if (format == WeightFormat::fp8 && (variant & kFp8Fp32Widen)) s << "_f32w";
     if (format != WeightFormat::qgroup && (variant & kStripScratch)) s << "_scratch";
     if ((format == WeightFormat::int4 || format == WeightFormat::qgroup) && (variant & kHalfStrips))

@@ -386,12 +386,16 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.isa = ks.tile_tail.isa = IsaLevel::amx;
   } else if (isa == IsaLevel::avx512_bf16 &&
-             (fmt == WeightFormat::bf16 || (fmt == WeightFormat::fp8 && k_pairs))) {
+             (fmt == WeightFormat::bf16 || (fmt == WeightFormat::fp8 && k_pairs) ||
+              is_mx_format(fmt))) {
+    // mx since 2026-11-27 (jit/gemm.hpp mx_pair_kernel; before, 6-row fp32 tiles that decode every
+    // weight once per block): the strip decoded once to bf16 pairs, then vdpbf16ps blocks.
     ks.tile_rows = ks.max_rows;
     ks.tile_min_rows = kBf16PairMinRows;
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
-    ks.tile_full.variant = ks.tile_tail.variant = kBf16Pairs;
+    ks.tile_full.variant = ks.tile_tail.variant =
+        is_mx_format(fmt) ? uint16_t(variant | kMxPairs) : uint16_t(kBf16Pairs);  // + SwiGLU bits
   } else if ((isa == IsaLevel::avx2 || isa == IsaLevel::avx512 || isa == IsaLevel::avx512_vnni) &&
              ((fmt == WeightFormat::fp8 && k_pairs) || is_mx_format(fmt))) {
     // Strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel): the strip decoded once (fp8 to
@@ -400,8 +404,8 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     // about 30 % of the FMA peak at Qwen3 T = 1024 on Zen 3); the remainder runs in the same call
     // over the same scratch (GemmArgs::m_tail). At avx512 and avx512_vnni since 2026-11-27 (a Zen 4
     // capped to those levels, Qwen3 T = 1024: FP8 1.29-1.33x, MXFP8 1.28x, MXFP4 1.20x).
-    // avx512_bf16 runs FP8 on its vdpbf16ps pair tiles above and MX on the 6-row fp32 tiles. (MX K
-    // is a multiple of 32: always k pairs.)
+    // avx512_bf16 runs FP8 and MX on its vdpbf16ps pair tiles above. (MX K is a multiple of 32:
+    // always k pairs.)
     ks.tile_rows = ks.tile_min_rows = gemm_max_rows(isa, WeightFormat::bf16);
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);

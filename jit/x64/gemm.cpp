@@ -79,6 +79,7 @@ class GemmGenerator : public JitGenerator {
         pairs_(bf16_ && (key.variant & kBf16Pairs)),
         fp8_(key.format == WeightFormat::fp8),
         fp8p_(fp8_pair_kernel(key)),
+        mxp_(mx_pair_kernel(key)),
         sfma_(strip_scratch_kernel(key)),
         prefill_(key.kind == KernelKind::gemm_prefill),
         qg_(key.format == WeightFormat::qgroup),
@@ -110,8 +111,8 @@ class GemmGenerator : public JitGenerator {
         key.format != WeightFormat::bf16 && key.format != WeightFormat::fp8 && !qg_ && !mx_)
       throw std::invalid_argument(
           "gemm: weight format must be int8, int4, bf16, fp8, qgroup, mxfp4 or mxfp8");
-    if (mx_ && ((key.variant & ~(kSwigluClamp | kSwigluAlpha | kStripScratch)) ||
-                ((key.variant & ~kStripScratch) && key.epilogue != Epilogue::siluup)))
+    if (mx_ && ((key.variant & ~(kSwigluClamp | kSwigluAlpha | kStripScratch | kMxPairs)) ||
+                ((key.variant & ~(kStripScratch | kMxPairs)) && key.epilogue != Epilogue::siluup)))
       throw std::invalid_argument("gemm: mx variant bits are siluup SwiGLU options: " +
                                   key.describe());
     if (bf16_ && (key.variant & ~kBf16Pairs))
@@ -133,6 +134,10 @@ class GemmGenerator : public JitGenerator {
          (fp8_ && (key.variant & kBf16Pairs)) || key.isa == IsaLevel::avx512_bf16))
       throw std::invalid_argument(
           "gemm: strip-scratch kernels are fp8 / mx prefill below avx512_bf16: " + key.describe());
+    if ((key.variant & kMxPairs) && mx_ &&
+        (!mxp_ || key.isa != IsaLevel::avx512_bf16 || (key.variant & kStripScratch)))
+      throw std::invalid_argument("gemm: mx pair kernels (vdpbf16ps) are prefill at avx512_bf16: " +
+                                  key.describe());
     if (fp8p_ && (key.isa != IsaLevel::avx512_bf16 ||
                   (key.kind == KernelKind::gemm_decode && key.m_r > kFp8PairMaxRows)))
       throw std::invalid_argument(
@@ -345,19 +350,18 @@ class GemmGenerator : public JitGenerator {
         mov(reg_tmp2, reg_strip);
         mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
         shr(reg_tmp, 1);
-        if (sfma_ && mx_) {
-          mx_fma_repack();
-        } else if (sfma_) {
-          fp8_fma_repack();
-        } else if (fp8_fused_first()) {  // a call with a full block decodes in its first one
-          Label fused;
+        Label fused;
+        if (fused_first()) {  // a call with a full block decodes in its first one
           cmp(arg(offsetof(GemmArgs, m_blocks)), 0);
           jg(fused, T_NEAR);
-          fp8_pair_repack();
-          L(fused);
-        } else {
-          fp8_pair_repack();
         }
+        if ((sfma_ || mxp_) && mx_)
+          mx_fma_repack();
+        else if (sfma_)
+          fp8_fma_repack();
+        else
+          fp8_pair_repack();
+        L(fused);
       }
       if (prefill_) {
         Label mb_done;
@@ -370,7 +374,7 @@ class GemmGenerator : public JitGenerator {
         // stream overlaps this strip's compute; later blocks only re-read this strip from L2.
         // Pair kernels pull more lines a step (microkernel_pairs, microkernel_sfma).
         const int pf_blocks = pairs_                   ? kPairPrefetchBlocks
-                              : fp8p_ || sfma_ ? 1
+                              : fp8p_ || mxp_ || sfma_ ? 1
                               : half_                  ? kPrefetchBlocks / 2  // two passes a block
                                                        : kPrefetchBlocks;
         strip_bytes_to(reg_pf);
@@ -484,7 +488,7 @@ class GemmGenerator : public JitGenerator {
       mov(reg_w, reg_strip);
     cmp(reg_row, pf_blocks * mr_);
     jge(no_pf, T_NEAR);
-    if (fp8_fused_first()) {  // pf_blocks is 1: this is the call's first block
+    if (fused_first()) {  // pf_blocks is 1: this is the call's first block
       mov(reg_w, reg_strip);
       mov(reg_sw, arg(offsetof(GemmArgs, scratch)));
       fuse_ = true;
@@ -572,14 +576,14 @@ class GemmGenerator : public JitGenerator {
     }
     if (qg_) load_params_qgroup();
     if (fp8p_ && !prefill_) fp8_pair_constants();
-    if (fuse_) fp8_fused_constants();
+    if (fuse_ && fp8p_) fp8_fused_constants();
     if ((bf16_ || sfma_) && !pairs_ && zmm_isa())
       vmovups(Zmm(29), zword[rip + c_hi16_]);  // odd-k mask
     if (i16_ && zmm_isa())
       vmovups(Zmm(29), zword[rip + c_e2m1_w_]);  // 2 * e2m1 as int16, twice
     else if (i16_)  // avx2: |2 * e2m1| bytes in both lanes, and the word nibble mask
       mx_i16_avx2_constants();
-    else if (mx4_ && zmm_isa() && mr_ < 6 && !sfma_)
+    else if (mx4_ && zmm_isa() && mr_ < 6 && !sfma_ && !mxp_)
       vmovups(Zmm(29), zword[rip + c_e2m1_]);  // e2m1 table
     if (i4w_) vmovups(aux(), cpool(c_0f_));    // the nibble mask
     zero_accumulators();
@@ -1352,7 +1356,11 @@ class GemmGenerator : public JitGenerator {
       k_loop_fp8(prefetch_next);
       return;
     }
-    if (mx_ && !sfma_) {
+    if (fuse_ && mxp_) {
+      k_loop_mx_fused(prefetch_next);
+      return;
+    }
+    if (mx_ && !sfma_ && !mxp_) {
       k_loop_mx(prefetch_next);
       return;
     }
@@ -1360,7 +1368,7 @@ class GemmGenerator : public JitGenerator {
     auto step = [&](int u) {
       if (sfma_)
         microkernel_sfma(u, prefetch_next);
-      else if (pairs_)
+      else if (pairs_ || mxp_)
         microkernel_pairs(u, prefetch_next);
       else
         microkernel(u, prefetch_next);
@@ -1368,14 +1376,14 @@ class GemmGenerator : public JitGenerator {
     auto move_on = [&](int steps) {
       if (sfma_)
         advance_sfma(steps, prefetch_next);
-      else if (pairs_)
+      else if (pairs_ || mxp_)
         advance_pairs(steps, prefetch_next);
       else
         advance(steps, prefetch_next);
     };
     Label loop, tail, tail_loop, done;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
-    if (sfma_) shr(reg_k, 1);  // mx strip-scratch: k pairs (K a multiple of 32)
+    if (sfma_ || mxp_) shr(reg_k, 1);  // mx strip-scratch and pair kernels: k pairs (K % 32 == 0)
     cmp(reg_k, kUnroll);
     jl(tail, T_NEAR);
     L(loop);
@@ -1481,26 +1489,27 @@ class GemmGenerator : public JitGenerator {
   }
 
   // bf16 pairs (vdpbf16ps): reg_w walks the strip ([k/2][column][2], nv_ * 64 bytes a pair; fp8
-  // pair prefill: the scratch it decoded the strip into),
+  // and mx pair prefill: the scratch it decoded the strip into),
   // reg_a / reg_a3 the bf16 activation rows (4 bytes a pair). Per pair: the strip's vectors into
   // wreg, then one vdpbf16ps per (row, vector) with the row's pair broadcast from memory. While
   // prefetching, each pair step pulls two lines of the next strip (a full strip holds 4 lines a
   // K pair), so the first kPairPrefetchBlocks = 2 blocks (every pair call has >= 2) cover it;
-  // an fp8 strip holds 2 lines a K pair, so its first block does. k_loop drives these over the k
-  // pairs (k_loop_fp8 for fp8 pair prefill, into the group sums).
+  // an fp8 or mxfp8 strip holds about 2 lines a K pair and an mxfp4 one about 1, so the first
+  // block pulls that many (pair_pf_bytes) and covers it. k_loop drives these over the k pairs
+  // (k_loop_fp8 for fp8 pair prefill, into the group sums).
   static constexpr int kPairPrefetchBlocks = 2;
+  int pair_pf_bytes() const { return mxp_ && mx4_ ? 64 : 128; }  // (mx: ~3 % short, the scales)
   void microkernel_pairs(int u, bool prefetch_next) {
-    if (prefetch_next) {
-      prefetcht1(ptr[reg_pf + u * 128]);
-      prefetcht1(ptr[reg_pf + u * 128 + 64]);
-    }
+    if (prefetch_next)
+      for (int off = 0; off < pair_pf_bytes(); off += 64)
+        prefetcht1(ptr[reg_pf + u * pair_pf_bytes() + off]);
     for (int v = 0; v < nv_; ++v) vmovups(wreg(v), zword[reg_w + (u * nv_ + v) * 64]);
     for (int m = 0; m < mr_; ++m)
       for (int v = 0; v < nv_; ++v)
         vdpbf16ps(fp8p_ ? gacc(m, v) : acc(m, v), wreg(v), ptr_b[a_row(m) + 4 * u]);
   }
   void advance_pairs(int pairs, bool prefetch_next, int w_bytes_per_pair = 0) {
-    if (prefetch_next) add(reg_pf, 128 * pairs);
+    if (prefetch_next) add(reg_pf, pair_pf_bytes() * pairs);
     add(reg_a, 4 * pairs);
     if (mr_ > 3) add(reg_a3, 4 * pairs);
     add(reg_w, (w_bytes_per_pair ? w_bytes_per_pair : nv_ * 64) * pairs);
@@ -1618,7 +1627,7 @@ class GemmGenerator : public JitGenerator {
   // fp8 pair prefill reads the strip decoded to bf16 k pairs in GemmArgs::scratch (bf16 strips
   // are k pairs already: the bf16 pair kernels read them in place); strip-scratch kernels their
   // decoded strip there too.
-  bool scratch_pairs() const { return (fp8p_ && prefill_) || sfma_; }
+  bool scratch_pairs() const { return (fp8p_ && prefill_) || mxp_ || sfma_; }
   int fp8_acc_slot(int m, int v) const { return kFp8AccStack + (m * nv_ + v) * 64; }
   // qgroup tiles of 2 rows at avx2 (qgs2_): the fp32 accumulators live on the stack and the int32
   // group sums in the accumulator registers, so 2 rows x 4 vectors fit the 16 ymm registers.
@@ -1967,7 +1976,8 @@ class GemmGenerator : public JitGenerator {
     jnz(loop, T_NEAR);
     L(done);
   }
-  // Prefill of full strips (4 vectors) fuses the decode into the call's first block: it reads the
+  // fp8 pair prefill of full strips (4 vectors; mx: k_loop_mx_fused below) fuses the decode into
+  // the call's first block: it reads the
   // strip, stores each k pair's bf16 pairs to the scratch for the later blocks and the tail, and
   // feeds them to its own vdpbf16ps at once. A separate decode pass before the blocks took about
   // a fifth of the kernel's time at Qwen3-30B-A3B T = 256: 2 bytes of scratch written and read
@@ -1976,7 +1986,7 @@ class GemmGenerator : public JitGenerator {
   // other halves and the gather indices are memory operands) and its temporaries in zmm27-31
   // (free in the K loop; the group-end fold and scale load use zmm30 / 31, and the constants
   // are loaded per tile). Same values in the same order as the repack: the same bits.
-  bool fp8_fused_first() const { return fp8p_ && prefill_ && sv_ == kStripVecs; }
+  bool fused_first() const { return (fp8p_ || mxp_) && prefill_ && sv_ == kStripVecs; }
   int fp8p_step_bytes() const { return 2 * strip_cols(); }
   const Reg64 reg_sw = r13;  // the fused block's scratch write pointer (fp8: reg_comp is unused)
   bool fuse_ = false;
@@ -2011,6 +2021,63 @@ class GemmGenerator : public JitGenerator {
         for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
       }
     }
+  }
+  // The mx pair prefill's first block likewise (fused_first): per 32-k group the columns' scales
+  // into zmm24-27, then per k pair and vector the decode of mx_fma_repack (e2m1 through vpermps
+  // with the table in memory, or e4m3 through fp16; times the scale; the top 16 bits as pairs)
+  // stored to the scratch and fed to the block's vdpbf16ps (accumulators zmm0-23); temporaries
+  // zmm28-29. Pairs go four at a time: one dword of nibbles per column holds 8 k (mxfp4).
+  void k_loop_mx_fused(bool prefetch_next) {
+    Label group, quad, done;
+    const int cols = strip_cols();
+    mov(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));
+    test(reg_tmp, reg_tmp);
+    jle(done, T_NEAR);
+    L(group);
+    {
+      for (int v = 0; v < nv_; ++v) {
+        vpmovzxbd(Zmm(24 + v), xword[reg_w + v * lanes_]);
+        vpslld(Zmm(24 + v), Zmm(24 + v), 23);
+      }
+      add(reg_w, cols);
+      mov(reg_tmp2, 4);  // quads of k pairs in a group of 16
+      L(quad);
+      for (int p = 0; p < 4; ++p) {
+        if (prefetch_next)
+          for (int off = 0; off < pair_pf_bytes(); off += 64)
+            prefetcht1(ptr[reg_pf + p * pair_pf_bytes() + off]);
+        for (int v = 0; v < nv_; ++v) {
+          const Zmm e(28), o(29);
+          if (mx4_) {  // this quad's dword of the column: nibbles k0 + 2p (e) and + 1 (o)
+            const Address raw = zword[reg_w + v * 64];
+            if (p == 0)
+              vmovups(e, raw);
+            else
+              vpsrld(e, raw, uint8_t(8 * p));
+            vpsrld(o, raw, uint8_t(8 * p + 4));
+            vpermps(e, e, zword[rip + c_e2m1_]);
+            vpermps(o, o, zword[rip + c_e2m1_]);
+          } else {  // rows 2p and 2p + 1 of the quad's 8
+            e4m3_widen(e.getIdx(), reg_w + 2 * p * cols + v * lanes_);
+            e4m3_widen(o.getIdx(), reg_w + (2 * p + 1) * cols + v * lanes_);
+          }
+          vmulps(e, e, Zmm(24 + v));
+          vmulps(o, o, Zmm(24 + v));
+          bf16_pair_store(e, o, zword[reg_sw + (p * nv_ + v) * 64]);
+          for (int m = 0; m < mr_; ++m) vdpbf16ps(acc(m, v), e, ptr_b[a_row(m) + 4 * p]);
+        }
+      }
+      if (prefetch_next) add(reg_pf, 4 * pair_pf_bytes());
+      add(reg_w, mx4_ ? 4 * cols : 8 * cols);
+      add(reg_sw, 4 * nv_ * 64);
+      add(reg_a, 16);
+      if (mr_ > 3) add(reg_a3, 16);
+      dec(reg_tmp2);
+      jnz(quad, T_NEAR);
+      dec(reg_tmp);
+      jnz(group, T_NEAR);
+    }
+    L(done);
   }
 
   // mx: groups of g_steps (32) K steps; each group starts with the strip's exponent bytes (one
@@ -2490,7 +2557,7 @@ class GemmGenerator : public JitGenerator {
   int mr_;  // rows of the register tile: the key's, or a call's tail (m_tail, tail_rows)
   const bool vnni_, int4_;
   const bool i4w_;  // avx2 / avx512 int4: the code q4 + 8 times a, int16 sums (int4_int16_sums)
-  const bool bf16_, pairs_, fp8_, fp8p_, sfma_, prefill_;
+  const bool bf16_, pairs_, fp8_, fp8p_, mxp_, sfma_, prefill_;
   const bool qg_, qg4_, qgb_, qgo_, qgs_;
   const int qgh_;    // 16-bit scales: 1 fp16, 2 bf16
   const bool qgs2_;  // avx2 tiles of 2 rows: fp32 accumulators on the stack (acc_slot)

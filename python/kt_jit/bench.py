@@ -714,10 +714,10 @@ def _roof_peak(isa: str, method: str, lim: Dict) -> Tuple[str, str]:
         peak_name, peak_key = "tdpbusd", "peak_amx_int8_gops"
     elif isa == "amx" and method in AMX_BF16_METHODS and lim.get("peak_amx_bf16_gflops"):
         peak_name, peak_key = "tdpbf16ps", "peak_amx_bf16_gflops"
-    # At avx512_bf16, BF16 and FP8 experts with >= 5 rows run vdpbf16ps pair kernels (FP8 also at
-    # amx, and its decode tiles of <= 4 rows): that is their roof.
+    # At avx512_bf16, BF16, FP8 and MX experts with >= 5 rows run vdpbf16ps pair kernels (FP8
+    # also at amx, and its decode tiles of <= 4 rows): that is their roof.
     elif (
-        (isa == "avx512_bf16" and method == "BF16")
+        (isa == "avx512_bf16" and method in ("BF16",) + MX_METHODS)
         or (isa in ("avx512_bf16", "amx") and method in ("FP8", "FP8_PERCHANNEL"))
     ) and lim.get("peak_bf16_gflops"):
         peak_name, peak_key = "vdpbf16ps", "peak_bf16_gflops"

@@ -225,7 +225,7 @@ TEST(Bf16Pairs, Fp8AtAvx512Bf16PairsWhenKSplitsIntoPairs) {
     EXPECT_FALSE(fp8_pair_kernel(k)) << k.name();
 }
 
-TEST(Bf16Pairs, OnlyBf16AtAvx512Bf16GetsThePairTier) {
+TEST(Bf16Pairs, Bf16AndMxAtAvx512Bf16GetThePairTier) {
   const GemmKernelSet ks =
       make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::bf16, Epilogue::siluup, 2);
   EXPECT_EQ(ks.tile_rows, 6);
@@ -240,8 +240,26 @@ TEST(Bf16Pairs, OnlyBf16AtAvx512Bf16GetsThePairTier) {
   EXPECT_FALSE(bf16_pair_kernel(ks.prefill_full));  // the fp32 kernels stay for short experts
   for (IsaLevel isa : {IsaLevel::avx2, IsaLevel::avx512, IsaLevel::avx512_vnni})
     EXPECT_EQ(make_gemm_kernel_set(isa, WeightFormat::bf16, Epilogue::accum, 0).tile_rows, 0);
-  for (WeightFormat f : {WeightFormat::int8, WeightFormat::fp8, WeightFormat::mxfp4})
+  // int8 has none; fp8 only with K and its groups even (k_pairs, FP8 tests)
+  for (WeightFormat f : {WeightFormat::int8, WeightFormat::fp8})
     EXPECT_EQ(make_gemm_kernel_set(IsaLevel::avx512_bf16, f, Epilogue::accum, 0).tile_rows, 0);
+  // mx decodes each strip to bf16 pairs (mx_pair_kernel), its SwiGLU bits kept beside kMxPairs
+  for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::mxfp8}) {
+    const GemmKernelSet mx = make_gemm_kernel_set(IsaLevel::avx512_bf16, f, Epilogue::siluup, 2,
+                                                  kSwigluClamp | kSwigluAlpha);
+    EXPECT_EQ(mx.tile_rows, 6);
+    EXPECT_EQ(mx.tile_min_rows, 5);
+    EXPECT_EQ(mx.tile_full.variant, kMxPairs | kSwigluClamp | kSwigluAlpha);
+    EXPECT_TRUE(mx_pair_kernel(mx.tile_tail));
+    EXPECT_TRUE(tail_rows_kernel(mx.tile_full));
+    EXPECT_EQ(gemm_scratch_bytes(mx.tile_full, 64), 64 * 64 * 2);  // K 64 x 64 columns of bf16
+    EXPECT_FALSE(mx_pair_kernel(mx.prefill_full));
+    // isa amx keeps its AMX-BF16 tiles; the levels below avx512_bf16 their strip-scratch ones
+    EXPECT_FALSE(
+        mx_pair_kernel(make_gemm_kernel_set(IsaLevel::amx, f, Epilogue::accum, 0).tile_full));
+    EXPECT_FALSE(mx_pair_kernel(
+        make_gemm_kernel_set(IsaLevel::avx512_vnni, f, Epilogue::accum, 0).tile_full));
+  }
 }
 
 }  // namespace
