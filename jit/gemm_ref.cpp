@@ -405,7 +405,8 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
 // mxfp4 / mxfp8: per strip and 32-wide K group, the columns' exponent bytes (scale = bits
 // byte << 23) then the group's weights; w' = value * scale (exact), acc = fma(a, w', acc) in k
 // order; y = acc. Pair kernels (mx_pair_kernel): bf16 activation pairs, w' as its top 16 bits,
-// acc = vdpbf16ps_lane(acc, a_pair, w'_pair) over the k pairs.
+// acc = vdpbf16ps_lane(acc, a_pair, w'_pair) over the k pairs. mxfp8 pair decode tiles
+// (mx8_pair_decode_kernel): per group the vdpbf16ps chain of the unscaled values, then one fold.
 void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
   const bool fp4 = key.format == WeightFormat::mxfp4;
   const bool gacc = decode_group_accumulate(key);
@@ -418,6 +419,7 @@ void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
   const uint8_t* w = reinterpret_cast<const uint8_t*>(args.w);
   const bool i16 = mx_int16_activations(key);
   const bool pairs = mx_pair_kernel(key);
+  const bool dpairs = mx8_pair_decode_kernel(key);
   const int64_t call_rows = gemm_call_rows(key, args);
   for (int64_t s = 0; s < args.n_strips; ++s, w += group_bytes * args.g_per_strip) {
     const int64_t col0 = args.out_col + s * out_cols;
@@ -447,7 +449,27 @@ void gemm_ref_mx(const KernelKey& key, const GemmArgs& args) {
       }
       write_out(key, args, m, col0, y, cols);
     }
-    if (pairs) continue;
+    for (int64_t m = 0; m < call_rows && dpairs; ++m) {
+      const uint32_t* a32 = reinterpret_cast<const uint32_t*>(args.a + m * args.lda);
+      auto bf16_of = [](uint8_t b) { return f32_to_bits(fp8_value(b)) >> 16; };  // exact
+      float y[64];
+      for (int n = 0; n < cols; ++n) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < K / G; ++g) {
+          const uint8_t* gb = w + g * group_bytes;
+          float sum = 0.0f;
+          for (int64_t p = 0; p < G / 2; ++p) {
+            const uint8_t* row = gb + cols + 2 * p * cols;
+            sum = vdpbf16ps_lane(sum, a32[g * G / 2 + p],
+                                 bf16_of(row[n]) | bf16_of(row[cols + n]) << 16);
+          }
+          acc = std::fma(sum, f32_from_bits(uint32_t(gb[n]) << 23) * 0x1p-8f, acc);
+        }
+        y[n] = acc;
+      }
+      write_out(key, args, m, col0, y, cols);
+    }
+    if (pairs || dpairs) continue;
     for (int64_t m = 0; m < call_rows && i16; ++m) {  // exact int32 per group
       const uint8_t* a = reinterpret_cast<const uint8_t*>(args.a + m * args.lda);
       float y[64];

@@ -134,7 +134,8 @@ constexpr uint8_t kFp8Fp32Widen = 2;
 constexpr uint8_t kStripScratch = 8;
 // KernelKey::variant bit of mxfp4 / mxfp8 prefill kernels at avx512_bf16 (jit/gemm.hpp
 // mx_pair_kernel; names end `_dpbf16`): each strip decoded once into bf16 k pairs, then the bf16
-// pair microkernel (vdpbf16ps) over bf16 activations. kBf16Pairs is taken by kSwigluClamp there.
+// pair microkernel (vdpbf16ps) over bf16 activations; and of mxfp8 decode tiles of <= 4 rows there
+// (mx8_pair_decode_kernel: vdpbf16ps group sums). kBf16Pairs is taken by kSwigluClamp there.
 constexpr uint8_t kMxPairs = 0x10;
 
 enum class Epilogue : uint8_t {

@@ -371,6 +371,10 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.decode_tail.push_back(key(KernelKind::gemm_decode, m, tail));
     if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx512_bf16 && k_pairs && m <= 4)
       ks.decode_full.back().variant = ks.decode_tail.back().variant = kBf16Pairs;
+    // mxfp8 decode of 1-4 rows through the same vdpbf16ps pair decode (jit/gemm.hpp
+    // mx8_pair_decode_kernel), since 2026-11-27; SwiGLU bits kept
+    if (fmt == WeightFormat::mxfp8 && isa == IsaLevel::avx512_bf16 && m <= 4)
+      ks.decode_full.back().variant = ks.decode_tail.back().variant = uint16_t(variant | kMxPairs);
     if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx2 && m <= 2 && fp8_fp32_widen_here())
       ks.decode_full.back().variant = ks.decode_tail.back().variant = kFp8Fp32Widen;
   }
@@ -932,8 +936,8 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     if (gemm_scratch_bytes(key, 1)) args.scratch = pair_scratch.data();
     float* const* rows_out = block_pair_kernel(key) ? pair_out.data() : out_rows;
     const float* rows_weight = block_pair_kernel(key) ? pair_weight.data() : row_weight;
-    if (fp8_pair_kernel(key) && !block_pair_kernel(key)) {
-      // fp8 pair decode: the rows as bf16 (RNE), once per run_gemm like the int16 codes.
+    if ((fp8_pair_kernel(key) || mx8_pair_decode_kernel(key)) && !block_pair_kernel(key)) {
+      // fp8 / mxfp8 pair decode: the rows as bf16 (RNE), once per run_gemm like the int16 codes.
       static thread_local std::vector<uint16_t> a_bf16;
       if (bf16_row0 != row0) {
         a_bf16.resize(size_t(layout.k * key.m_r));

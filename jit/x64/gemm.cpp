@@ -80,6 +80,7 @@ class GemmGenerator : public JitGenerator {
         fp8_(key.format == WeightFormat::fp8),
         fp8p_(fp8_pair_kernel(key)),
         mxp_(mx_pair_kernel(key)),
+        mx8d_(mx8_pair_decode_kernel(key)),
         sfma_(strip_scratch_kernel(key)),
         prefill_(key.kind == KernelKind::gemm_prefill),
         qg_(key.format == WeightFormat::qgroup),
@@ -135,9 +136,12 @@ class GemmGenerator : public JitGenerator {
       throw std::invalid_argument(
           "gemm: strip-scratch kernels are fp8 / mx prefill below avx512_bf16: " + key.describe());
     if ((key.variant & kMxPairs) && mx_ &&
-        (!mxp_ || key.isa != IsaLevel::avx512_bf16 || (key.variant & kStripScratch)))
-      throw std::invalid_argument("gemm: mx pair kernels (vdpbf16ps) are prefill at avx512_bf16: " +
-                                  key.describe());
+        (!(mxp_ || (mx8d_ && key.m_r <= kFp8PairMaxRows)) || key.isa != IsaLevel::avx512_bf16 ||
+         (key.variant & kStripScratch)))
+      throw std::invalid_argument(
+          "gemm: mx pair kernels (vdpbf16ps) are prefill, or mxfp8 decode of <= 4 rows, at "
+          "avx512_bf16: " +
+          key.describe());
     if (fp8p_ && (key.isa != IsaLevel::avx512_bf16 ||
                   (key.kind == KernelKind::gemm_decode && key.m_r > kFp8PairMaxRows)))
       throw std::invalid_argument(
@@ -575,7 +579,7 @@ class GemmGenerator : public JitGenerator {
       add(reg_a3, reg_lda);
     }
     if (qg_) load_params_qgroup();
-    if (fp8p_ && !prefill_) fp8_pair_constants();
+    if ((fp8p_ || mx8d_) && !prefill_) fp8_pair_constants();
     if (fuse_ && fp8p_) fp8_fused_constants();
     if ((bf16_ || sfma_) && !pairs_ && zmm_isa())
       vmovups(Zmm(29), zword[rip + c_hi16_]);  // odd-k mask
@@ -1360,6 +1364,10 @@ class GemmGenerator : public JitGenerator {
       k_loop_mx_fused(prefetch_next);
       return;
     }
+    if (mx8d_) {
+      k_loop_mx8_pairs();
+      return;
+    }
     if (mx_ && !sfma_ && !mxp_) {
       k_loop_mx(prefetch_next);
       return;
@@ -2022,6 +2030,51 @@ class GemmGenerator : public JitGenerator {
       }
     }
   }
+  // mxfp8 pair decode tiles (mx8_pair_decode_kernel): per 32-k group the columns' scales times
+  // 2^-8 (the stored exponent is e + 8; exact) to the stack, then 16 k pairs of the fp8 pair
+  // decode (fp8_pair_decode: the rows' bytes are contiguous as fp8's) into vdpbf16ps group sums,
+  // folded once, acc = fma(g, scale, acc) (3-4 rows: acc on the stack, mx_stack_acc).
+  void k_loop_mx8_pairs() {
+    Label group, done;
+    const int cols = strip_cols(), pairs = int(formats::kMxGroup / 2);
+    const Zmm t(31);  // free beside the decode's temporaries
+    mov(reg_k, arg(offsetof(GemmArgs, g_per_strip)));
+    test(reg_k, reg_k);
+    jle(done, T_NEAR);
+    L(group);
+    {
+      for (int v = 0; v < nv_; ++v) {
+        vpmovzxbd(t, xword[reg_w + v * lanes_]);
+        vpslld(t, t, 23);
+        vmulps(t, t, cpool(c_f2m8_));
+        vmovups(mx_scale(v), t);
+      }
+      advance_w(cols);
+      zero_gacc();
+      for (int u = 0; u < pairs; ++u)
+        fp8_pair_decode(reg_w + u * 2 * cols, [&](int v, const Zmm& w) {
+          for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
+        });
+      advance_w(pairs * 2 * cols);
+      add(reg_a, 4 * pairs);
+      if (mr_ > 3) add(reg_a3, 4 * pairs);
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) {
+          if (mx_stack_acc()) {
+            const Address slot = vmem(rsp + acc_slot(m, v));
+            vmovups(t, slot);
+            vfmadd231ps(t, gacc(m, v), mx_scale(v));
+            vmovups(slot, t);
+          } else {
+            vfmadd231ps(acc(m, v), gacc(m, v), mx_scale(v));
+          }
+        }
+      dec(reg_k);
+      jnz(group, T_NEAR);
+    }
+    L(done);
+  }
+
   // The mx pair prefill's first block likewise (fused_first): per 32-k group the columns' scales
   // into zmm24-27, then per k pair and vector the decode of mx_fma_repack (e2m1 through vpermps
   // with the table in memory, or e4m3 through fp16; times the scale; the top 16 bits as pairs)
@@ -2089,7 +2142,8 @@ class GemmGenerator : public JitGenerator {
   // mxfp4 int16 tiles of 2 rows at avx2: the 8 int32 group sums take ymm0-7 and the fp32
   // accumulators wait on the stack after the scales (one load, FMA, store per 32-k group).
   static constexpr int kMxAccStack = kMxScaleStack + kStripVecs * 64;
-  bool mx_stack_acc() const { return i16_ && !zmm_isa() && mr_ == 2; }
+  // (and mxfp8 pair decode tiles of 3-4 rows: their group sums take zmm0-15)
+  bool mx_stack_acc() const { return (i16_ && !zmm_isa() && mr_ == 2) || (mx8d_ && mr_ > 2); }
   Address mx_scale(int v) const { return vmem(rsp + kMxScaleStack + v * vec_bytes()); }
   // Tiles of up to 4 rows on zmm keep the group's scales in zmm20..23 (free there), the others
   // on the stack.
@@ -2491,6 +2545,7 @@ class GemmGenerator : public JitGenerator {
     align(64);
     emit_const32(c_ones16_, 0x00010001u);
     emit_const32(c_f256_, f32_bits(256.0f));
+    emit_const32(c_f2m8_, f32_bits(0x1p-8f));
     emit_const32(c_f2p56_, f32_bits(0x1p56f));
     emit_const32(c_f2p64_, f32_bits(0x1p64f));
     emit_const32(c_e4m3_dw_, 0x87f00000u);
@@ -2522,7 +2577,7 @@ class GemmGenerator : public JitGenerator {
     for (int i = 0; i < 16; ++i) db(uint8_t(int(2.0f * mx_e2m1(uint8_t(i))) + 12));
     L(c_000f_);
     for (int i = 0; i < 16; ++i) dw(0x000f);
-    if (fp8p_) emit_fp8_pair_constants();
+    if (fp8p_ || mx8d_) emit_fp8_pair_constants();
   }
 
   // fp8 pair kernels: the low and high bytes of bf16(fp8_value(b)) for b = 0..127, and per 32
@@ -2558,6 +2613,7 @@ class GemmGenerator : public JitGenerator {
   const bool vnni_, int4_;
   const bool i4w_;  // avx2 / avx512 int4: the code q4 + 8 times a, int16 sums (int4_int16_sums)
   const bool bf16_, pairs_, fp8_, fp8p_, mxp_, sfma_, prefill_;
+  const bool mx8d_;  // mxfp8 pair decode tiles (mx8_pair_decode_kernel)
   const bool qg_, qg4_, qgb_, qgo_, qgs_;
   const int qgh_;    // 16-bit scales: 1 fp16, 2 bf16
   const bool qgs2_;  // avx2 tiles of 2 rows: fp32 accumulators on the stack (acc_slot)
@@ -2599,8 +2655,8 @@ class GemmGenerator : public JitGenerator {
   Label c_dupw_, c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_,
       c_fp8_lut_[2], c_fp8_idx_[2];
   Label c_f2p56_, c_f2p64_, c_e4m3_dw_;
-  Label c_ones16_, c_f256_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6], c_bias_,
-      c_one_;
+  Label c_ones16_, c_f256_, c_f2m8_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6],
+      c_bias_, c_one_;
 };
 
 }  // namespace

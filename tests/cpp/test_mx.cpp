@@ -226,6 +226,8 @@ struct RowSplit {
   int64_t tile_blocks = 0, tile_tail = 0, prefill_blocks = 0, rem0 = 0;
   uint8_t tile_variant = kStripScratch;
   bool pairs = false;  // the tile tier is the pair one (every row, bf16 activations)
+  uint8_t decode_variant = 0;  // kMxPairs where the remainder's decode tile is a pair one
+  bool bf16_rows() const { return pairs || (decode_variant & kMxPairs); }
 };
 RowSplit split_rows(const Problem& p) {
   RowSplit s;
@@ -252,6 +254,8 @@ RowSplit split_rows(const Problem& p) {
     row += s.prefill_blocks * s.max_rows;
   }
   s.rem0 = row;
+  if (p.M > row)  // the executor's decode tile for the remainder (mxfp8 pair decode at avx512_bf16)
+    s.decode_variant = uint8_t(ks.decode_full[size_t(p.M - row - 1)].variant & kMxPairs);
   return s;
 }
 
@@ -278,7 +282,7 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<float>& a, in
     args.a = reinterpret_cast<const int8_t*>(a.data() + row0 * lda_floats);
     args.lda = lda_floats * 4;
     std::vector<uint8_t> a16;  // mxfp4 decode tiles on AVX-512: int16 group codes
-    if (mx_pair_kernel(key)) {  // bf16 rows (check_problem rounded the values already)
+    if (mx_pair_kernel(key) || mx8_pair_decode_kernel(key)) {  // bf16 rows (already rounded)
       args.lda = p.K * 2 + 24;  // a stride off the row length
       a16.assign(size_t(args.lda * (blocks * m_r + m_tail)), 0xcd);
       for (int64_t r = 0; r < blocks * m_r + m_tail; ++r)
@@ -324,7 +328,8 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<float>& a, in
     if (sp.prefill_blocks)
       call(KernelKind::gemm_prefill, sp.max_rows, nv, s0, ns,
            sp.tile_blocks * sp.tile_rows + sp.tile_tail, sp.prefill_blocks);
-    if (p.M > sp.rem0) call(KernelKind::gemm_decode, int(p.M - sp.rem0), nv, s0, ns, sp.rem0, 1);
+    if (p.M > sp.rem0)
+      call(KernelKind::gemm_decode, int(p.M - sp.rem0), nv, s0, ns, sp.rem0, 1, sp.decode_variant);
   }
 }
 
@@ -338,7 +343,7 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
   // offset int32 sums (formats::kMxI16CodeOffset) wrap and must come back exactly
   if (p.seed % 3 == 0)
     for (int64_t k = 0; k < 32; ++k) af[size_t((p.M - 1) * p.K + k)] = 1.0f;
-  if (split_rows(p).pairs)  // bf16 rows; the float64 check below takes the rounded values
+  if (split_rows(p).bf16_rows())  // bf16 rows; the float64 check below takes the rounded values
     for (float& x : af) x = formats::bf16_to_f32(formats::f32_to_bf16(x));
   for (int64_t m = 0; m < p.M; ++m)
     std::memcpy(&a[size_t(m * lda)], &af[size_t(m * p.K)], size_t(p.K) * 4);
@@ -431,8 +436,13 @@ TEST(MxGemm, SweepMatchesReferenceBitwise) {
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
     EXPECT_GE(names.size(), 80u) << isa_name(isa);
-    if (isa == IsaLevel::avx512_bf16)  // the pair tier ran (mx_pair_kernel)
-      EXPECT_GT(test::count_containing(names, "_dpbf16"), 0u);
+    if (isa == IsaLevel::avx512_bf16) {  // the pair tier ran (mx_pair_kernel), and mxfp8's
+      EXPECT_GT(test::count_containing(names, "mxfp4_avx512bf16_m6n64_store_dpbf16"), 0u);
+      for (const char* n : {"decode_mxfp8_avx512bf16_m1n64_store_dpbf16",  // pair decode tiles
+                            "decode_mxfp8_avx512bf16_m4n64_accum_dpbf16",
+                            "decode_mxfp8_avx512bf16_m3n32_siluup_alpha_clamp_dpbf16"})
+        EXPECT_GT(test::count_containing(names, n), 0u) << n;
+    }
   }
   EXPECT_GT(checked, 0u);
 }
@@ -681,14 +691,16 @@ TEST(MxMoELayer, ForwardMatchesReferenceAndMath) {
           // expert with the tier's tile_min_rows rows or more runs bf16 activation rows: the
           // vdpbf16ps pair tiles at avx512_bf16 (from 5 rows), AMX-BF16 tiles at isa amx (from 16)
           // (about 3e-3 here, SPEC §4's bf16 bar: 1e-2); the strip-scratch tiers of the levels
-          // below keep fp32 rows and so the tight bar.
+          // below keep fp32 rows and so the tight bar. mxfp8 decode tiles at avx512_bf16 (and amx)
+          // take bf16 rows too (mx8_pair_decode_kernel).
           std::vector<int64_t> per_expert(size_t(E), 0);
           for (int64_t s = 0; s < T * K; ++s)
             if (ids[size_t(s)] >= 0 && ids[size_t(s)] < E) ++per_expert[size_t(ids[size_t(s)])];
           const int64_t longest = *std::max_element(per_expert.begin(), per_expert.end());
           const bool bf16_rows =
-              tier.tile_rows > 0 && longest >= tier.tile_min_rows &&
-              (mx_pair_kernel(tier.tile_full) || amx_decoded_weight(tier.tile_full));
+              (tier.tile_rows > 0 && longest >= tier.tile_min_rows &&
+               (mx_pair_kernel(tier.tile_full) || amx_decoded_weight(tier.tile_full))) ||
+              mx8_pair_decode_kernel(tier.decode_full[0]);
           EXPECT_LT(err / mag, bf16_rows ? 1e-2 : fp4 ? 1e-4 : 1e-5) << what;
         }
       }
