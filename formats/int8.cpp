@@ -119,9 +119,13 @@ void unpack_rows(const StripLayout& l, const void* packed, int src, int64_t r0, 
     packed_column_of(l, src, r, &strip, &col, &cols);
     const char* base = static_cast<const char*>(packed) + l.strip_offset(strip);
     char* dst = static_cast<char*>(out) + size_t((r - r0) * ld) * es;
-    for (int64_t kk = k0; kk < k1; ++kk)  // [k / kgroup][column][kgroup]
-      std::memcpy(dst + size_t(kk - k0) * es,
-                  base + size_t((kk / l.kgroup * cols + col) * l.kgroup + kk % l.kgroup) * es, es);
+    for (int64_t kk = k0; kk < k1; ++kk)  // [k / kgroup][column][kgroup] (fp8: fp8_strip_byte)
+      std::memcpy(
+          dst + size_t(kk - k0) * es,
+          base + size_t(l.bits == 8 ? fp8_strip_byte(l.fp8_pair_order, cols, kk, col)
+                                    : (kk / l.kgroup * cols + col) * l.kgroup + kk % l.kgroup) *
+                     es,
+          es);
   }
 }
 
@@ -214,6 +218,8 @@ void pack_bf16_strips(const StripLayout& l, const float* const* w, uint16_t* out
 void pack_fp8_strips(const StripLayout& l, const uint8_t* const* w, const float* const* block,
                      const float* const* row, uint8_t* out, float* scale, int32_t* comp,
                      float* gscale) {
+  if (l.fp8_pair_order && l.k % 2)
+    throw std::invalid_argument("pack_fp8_strips: the pair order needs an even K");
   std::memset(out, 0, size_t(l.total_bytes()));
   const int64_t kb = (l.k + 127) / 128;
   const int64_t groups = l.groups();
@@ -230,7 +236,8 @@ void pack_fp8_strips(const StripLayout& l, const uint8_t* const* w, const float*
       packed_column_source(l, c, &src, &r);
       const int half = l.sources == 2 ? src : 0;
       if (r >= 0) {
-        for (int64_t kk = 0; kk < l.k; ++kk) base[kk * cols + j] = w[src][r * l.k + kk];
+        for (int64_t kk = 0; kk < l.k; ++kk)
+          base[fp8_strip_byte(l.fp8_pair_order, cols, kk, j)] = w[src][r * l.k + kk];
         if (block) {
           if (half_block[half] >= 0 && half_block[half] != r / 128)
             throw std::invalid_argument("fp8: a strip's rows cross a 128-row scale block");

@@ -53,6 +53,9 @@ struct StripLayout {
   int kgroup = 4;      // K elements per step: 4 (integer dot products), 2 (bf16) or 1
   int64_t full_strips = 0;
   int tail_vecs = 0;  // vectors in the last, narrower strip (0 = none)
+  // fp8 only (K even): full 64-column strips hold each k pair's bytes in the order the
+  // avx512_bf16 pair decode consumes them (fp8_strip_byte), so it needs no gather.
+  bool fp8_pair_order = false;
 
   // kgroup: 0 picks the integer dot-product grouping (4) for 4/8 bits and 1 for 16 bits (x86
   // and NEON bf16 pass 2: k pairs); fp8
@@ -91,6 +94,17 @@ struct StripLayout {
   int64_t strip_offset(int64_t s) const { return s * strip_bytes(strip_vecs); }
   int64_t padded_k() const { return k4 * kgroup; }
 };
+
+// Byte offset of (k, column n) in an fp8 strip of `cols` columns: [k][column], or with the pair
+// order on a 64-column strip, per k pair 128 bytes, per 32 columns j 64 of them, byte
+// 16 i + 8 h + 2 p + r holding (k pair's row r, column 32 j + 16 h + 4 i + p): the bytes the
+// pair decode's vpunpck{l,h}bw need (jit/x64/gemm.cpp fp8_pair_decode).
+inline int64_t fp8_strip_byte(bool pair_order, int cols, int64_t k, int n) {
+  if (!pair_order || cols != 64) return k * cols + n;
+  const int c = n % 32;
+  return (k / 2) * 128 + (n / 32) * 64 + 16 * ((c % 16) / 4) + 8 * (c / 16) + 2 * (c % 4) +
+         int(k % 2);
+}
 
 // Packs quantized rows (`q[src]` is n x k int8 row-major — for 4 bits the values 16 * q4 —
 // `d[src]` n scales) into `out`

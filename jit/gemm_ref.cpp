@@ -10,6 +10,7 @@
 
 #include "formats/convert.hpp"
 #include "formats/grouped.hpp"
+#include "formats/int8.hpp"
 #include "formats/mx.hpp"
 #include "jit/amx_model.hpp"
 #include "jit/bits.hpp"
@@ -691,8 +692,10 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
             return bits >> 16;
           };
           float acc = 0.0f, g = 0.0f;
+          const bool po = key.variant & kFp8PairOrder;  // full strips in the pair order
+          auto byte = [&](int64_t k) { return wb[formats::fp8_strip_byte(po, cols, k, n)]; };
           for (int64_t k = 0; k < args.k4; k += 2) {
-            const uint32_t b = bf16(wb[k * cols + n]) | bf16(wb[(k + 1) * cols + n]) << 16;
+            const uint32_t b = bf16(byte(k)) | bf16(byte(k + 1)) << 16;
             g = vdpbf16ps_lane(g, a32[k / 2], b);
             if ((k + 2) % args.g_steps == 0 || k + 2 >= args.k4) {
               acc = std::fma(g, gs[((k / args.g_steps) * 2 + half) * lanes], acc);

@@ -80,6 +80,7 @@ std::string KernelKey::name() const {
     if ((format == WeightFormat::mxfp4 || format == WeightFormat::mxfp8) && (variant & kMxPairs))
       s << "_dpbf16";
     if (format == WeightFormat::fp8 && (variant & kFp8Fp32Widen)) s << "_f32w";
+    if (format == WeightFormat::fp8 && (variant & kFp8PairOrder)) s << "_perm";
     if (format != WeightFormat::qgroup && (variant & kStripScratch)) s << "_scratch";
     if ((format == WeightFormat::int4 || format == WeightFormat::qgroup) && (variant & kHalfStrips))
       s << "_halves";

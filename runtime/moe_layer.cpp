@@ -24,6 +24,16 @@ constexpr int64_t kL2ChunkBytes = 512 * 1024;
 // 1.06-1.10x (in-process A/B, docs/BENCHMARKS.md): the 5-11-row experts had run fp32 FMA tiles,
 // and for fp8 decoded every weight once per 6-row block.
 constexpr int kBf16PairMinRows = 5;
+// fp8 layers at avx512_bf16 store their full strips in the pair order (formats::fp8_strip_byte;
+// jit/kernel.hpp kFp8PairOrder) when K is even: the pair decode then loads the bytes as they are
+// instead of gathering each k pair (one vpermi2b of three): DeepSeek-V3 FP8 T = 1 1.02-1.03x on
+// a Zen 4, within noise elsewhere (in-process A/B, docs/BENCHMARKS.md; that decode already streams
+// near the read bandwidth). isa amx keeps [k][column]: its AMX-BF16 tiles decode that layout, and
+// its decode tiles are the same avx512_bf16 kernels without the bit.
+bool fp8_pair_order_at(IsaLevel isa, bool k_pairs) {
+  return isa == IsaLevel::avx512_bf16 && k_pairs;
+}
+
 // bf16 experts with at least this many rows run the bfdot pair kernels at neon_bf16: one full
 // 6-row block. Below it the executor runs decode tiles, which stream each strip once for all rows
 // (memory-bound: bfdot would save little there and would cost the activations' bf16 rounding, so
@@ -297,6 +307,9 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
                                          fp8_block_ ? 128 : shape.hidden);
       sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, 8, 1,
                                            fp8_block_ ? 128 : is);
+      // K even gives even scale groups (128 or K): the kernels' k_pairs (build_kernels)
+      sh.gu.fp8_pair_order = fp8_pair_order_at(isa_, sh.gu.k % 2 == 0);
+      sh.down.fp8_pair_order = fp8_pair_order_at(isa_, sh.down.k % 2 == 0);
       sh.expert_gscale = sh.gu.gscale_floats() + sh.down.gscale_floats();
     } else {
       const int kg = bits == 16 ? bf16_kgroup(isa_) : 0;  // bf16: k pairs (not at ref)
@@ -370,7 +383,8 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.decode_full.push_back(key(KernelKind::gemm_decode, m, kStripVecs));
     ks.decode_tail.push_back(key(KernelKind::gemm_decode, m, tail));
     if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx512_bf16 && k_pairs && m <= 4)
-      ks.decode_full.back().variant = ks.decode_tail.back().variant = kBf16Pairs;
+      ks.decode_full.back().variant = ks.decode_tail.back().variant = uint16_t(
+          kBf16Pairs | (fp8_pair_order_at(amx ? IsaLevel::amx : isa, k_pairs) ? kFp8PairOrder : 0));
     // mxfp8 decode of 1-4 rows through the same vdpbf16ps pair decode (jit/gemm.hpp
     // mx8_pair_decode_kernel), since 2026-11-27; SwiGLU bits kept
     if (fmt == WeightFormat::mxfp8 && isa == IsaLevel::avx512_bf16 && m <= 4)
@@ -399,7 +413,10 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant =
-        is_mx_format(fmt) ? uint16_t(variant | kMxPairs) : uint16_t(kBf16Pairs);  // + SwiGLU bits
+        is_mx_format(fmt) ? uint16_t(variant | kMxPairs)  // + SwiGLU bits
+        : fmt == WeightFormat::fp8 && fp8_pair_order_at(isa, k_pairs)
+            ? uint16_t(kBf16Pairs | kFp8PairOrder)
+            : uint16_t(kBf16Pairs);
   } else if ((isa == IsaLevel::avx2 || isa == IsaLevel::avx512 || isa == IsaLevel::avx512_vnni) &&
              ((fmt == WeightFormat::fp8 && k_pairs) || is_mx_format(fmt))) {
     // Strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel): the strip decoded once (fp8 to

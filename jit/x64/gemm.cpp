@@ -81,6 +81,7 @@ class GemmGenerator : public JitGenerator {
         fp8p_(fp8_pair_kernel(key)),
         mxp_(mx_pair_kernel(key)),
         mx8d_(mx8_pair_decode_kernel(key)),
+        fp8po_(fp8_ && (key.variant & kFp8PairOrder)),
         sfma_(strip_scratch_kernel(key)),
         prefill_(key.kind == KernelKind::gemm_prefill),
         qg_(key.format == WeightFormat::qgroup),
@@ -124,7 +125,7 @@ class GemmGenerator : public JitGenerator {
           "gemm: bf16 pair kernels (vdpbf16ps) are prefill kernels at "
           "avx512_bf16: " +
           key.describe());
-    if (fp8_ && (key.variant & ~(kBf16Pairs | kStripScratch | kFp8Fp32Widen)))
+    if (fp8_ && (key.variant & ~(kBf16Pairs | kStripScratch | kFp8Fp32Widen | kFp8PairOrder)))
       throw std::invalid_argument("gemm: unknown fp8 variant bits: " + key.describe());
     if (fp8dw_ && (key.isa != IsaLevel::avx2 || !decode_group_accumulate(key) ||
                    (key.variant & ~kFp8Fp32Widen)))
@@ -142,6 +143,9 @@ class GemmGenerator : public JitGenerator {
           "gemm: mx pair kernels (vdpbf16ps) are prefill, or mxfp8 decode of <= 4 rows, at "
           "avx512_bf16: " +
           key.describe());
+    if (fp8po_ && !fp8p_)
+      throw std::invalid_argument("gemm: the fp8 pair order is for the pair kernels: " +
+                                  key.describe());
     if (fp8p_ && (key.isa != IsaLevel::avx512_bf16 ||
                   (key.kind == KernelKind::gemm_decode && key.m_r > kFp8PairMaxRows)))
       throw std::invalid_argument(
@@ -1938,6 +1942,24 @@ class GemmGenerator : public JitGenerator {
   template <class Use>
   void fp8_pair_decode(const RegExp& wm, Use use) {
     const int bytes = 2 * strip_cols();  // two strip rows: 32, 64, 96 or 128
+    if (fp8po_ && bytes == 128) {        // stored in the pair order: no gather
+      const Zmm lo(26), hi(27), w(30);
+      for (int j = 0; j < 2; ++j) {
+        vmovdqu8(lo, zword[wm + 64 * j]);
+        vmovdqu8(hi, zword[wm + 64 * j]);
+        vpermi2b(lo, Zmm(16), Zmm(17));
+        vpermi2b(hi, Zmm(18), Zmm(19));
+        vpternlogd(hi, Zmm(22), zword[wm + 64 * j], 0xf8);  // hi | (byte & 0x80): the sign
+        for (int h = 0; h < 2; ++h) {
+          if (h == 0)
+            vpunpcklbw(w, lo, hi);
+          else
+            vpunpckhbw(w, lo, hi);
+          use(2 * j + h, w);
+        }
+      }
+      return;
+    }
     if (bytes >= 64)
       vmovdqu8(Zmm(23), zword[wm]);
     else
@@ -2010,15 +2032,23 @@ class GemmGenerator : public JitGenerator {
     }
     const RegExp wm = reg_w + u * fp8p_step_bytes();
     const Zmm row0(27), p(28), lo(29), hi(30), w(31);
-    vmovdqu8(row0, zword[wm]);
+    if (!fp8po_) vmovdqu8(row0, zword[wm]);
     for (int j = 0; j < 2; ++j) {
-      vmovdqu8(p, zword[rip + c_fp8_idx_[j]]);
-      vpermi2b(p, row0, zword[wm + 64]);
-      vmovdqa64(lo, p);
-      vpermi2b(lo, Zmm(24), zword[rip + c_fp8_lut_[0] + 64]);
-      vmovdqa64(hi, p);
-      vpermi2b(hi, Zmm(25), zword[rip + c_fp8_lut_[1] + 64]);
-      vpternlogd(hi, p, Zmm(26), 0xf8);  // hi | (p & 0x80): the sign
+      if (fp8po_) {  // the pair order: the bytes as stored
+        vmovdqu8(lo, zword[wm + 64 * j]);
+        vmovdqu8(hi, zword[wm + 64 * j]);
+        vpermi2b(lo, Zmm(24), zword[rip + c_fp8_lut_[0] + 64]);
+        vpermi2b(hi, Zmm(25), zword[rip + c_fp8_lut_[1] + 64]);
+        vpternlogd(hi, Zmm(26), zword[wm + 64 * j], 0xf8);  // hi | (byte & 0x80): the sign
+      } else {
+        vmovdqu8(p, zword[rip + c_fp8_idx_[j]]);
+        vpermi2b(p, row0, zword[wm + 64]);
+        vmovdqa64(lo, p);
+        vpermi2b(lo, Zmm(24), zword[rip + c_fp8_lut_[0] + 64]);
+        vmovdqa64(hi, p);
+        vpermi2b(hi, Zmm(25), zword[rip + c_fp8_lut_[1] + 64]);
+        vpternlogd(hi, p, Zmm(26), 0xf8);  // hi | (p & 0x80): the sign
+      }
       for (int h = 0; h < 2; ++h) {
         const int v = 2 * j + h;
         if (h == 0)
@@ -2613,7 +2643,8 @@ class GemmGenerator : public JitGenerator {
   const bool vnni_, int4_;
   const bool i4w_;  // avx2 / avx512 int4: the code q4 + 8 times a, int16 sums (int4_int16_sums)
   const bool bf16_, pairs_, fp8_, fp8p_, mxp_, sfma_, prefill_;
-  const bool mx8d_;  // mxfp8 pair decode tiles (mx8_pair_decode_kernel)
+  const bool mx8d_;   // mxfp8 pair decode tiles (mx8_pair_decode_kernel)
+  const bool fp8po_;  // fp8 full strips in the pair order (kFp8PairOrder)
   const bool qg_, qg4_, qgb_, qgo_, qgs_;
   const int qgh_;    // 16-bit scales: 1 fp16, 2 bf16
   const bool qgs2_;  // avx2 tiles of 2 rows: fp32 accumulators on the stack (acc_slot)

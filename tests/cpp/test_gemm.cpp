@@ -76,6 +76,9 @@ Packed make_weights(const Problem& p) {
                                          : bf16 ? bf16_kgroup(p.isa)
                                                 : 0,
                                          fp8 ? (pk.fp8_block ? 128 : p.K) : 0);
+  // fp8 pair kernels: full strips in the pair order (the executor's layout at avx512_bf16) on two
+  // problems of three, [k][column] (isa amx's, same kernels without kFp8PairOrder) on the third
+  pk.layout.fp8_pair_order = p.fp8_pairs() && p.seed % 3 != 0;
   pk.w.resize(size_t(pk.layout.total_bytes()));
   pk.scale.resize(size_t(pk.layout.total_cols()));
   pk.comp.resize(size_t(pk.layout.total_cols()));
@@ -150,7 +153,7 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
                   int64_t blocks, uint16_t variant = 0, int64_t m_tail = 0) {
     KernelKey key = key_for(p.isa, kind, m_r, nv, p.epi, p.fmt);
     key.variant = variant;
-    if (p.fp8_pairs()) key.variant = kBf16Pairs;
+    if (p.fp8_pairs()) key.variant = uint16_t(kBf16Pairs | (l.fp8_pair_order ? kFp8PairOrder : 0));
     // avx2 fp8 decode of 1-2 rows: the fp32-domain widen (the executor's choice on AMD) on two
     // problems of three, the fp16 route on the third
     if (p.fmt == WeightFormat::fp8 && p.isa == IsaLevel::avx2 && kind == KernelKind::gemm_decode &&
@@ -344,6 +347,40 @@ TEST(Gemm, Int4Int16SumsAtTheirBound) {
   if (ran == 0) GTEST_SKIP() << "this CPU runs neither avx2 nor avx512 kernels";
 }
 
+// The fp8 pair order (formats::fp8_strip_byte) is a permutation of each full strip's k pairs, and
+// packing then unpacking (write_weight_scale_to_buffer's path) gives back every byte: gate/up
+// sources over full strips and a 36-column tail (left in [k][column]).
+TEST(Fp8PairOrder, PacksAPermutationThatUnpacksExactly) {
+  std::vector<int> hits(128, 0);
+  for (int k = 0; k < 2; ++k)
+    for (int n = 0; n < 64; ++n) ++hits[size_t(formats::fp8_strip_byte(true, 64, k, n))];
+  EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), 128);
+  EXPECT_EQ(formats::fp8_strip_byte(true, 64, 1, 37), 64 + 19);    // j 1: i 1, h 0, p 1, r 1
+  EXPECT_EQ(formats::fp8_strip_byte(true, 64, 2, 20), 128 + 24);   // pair 1, j 0: i 1, h 1
+  EXPECT_EQ(formats::fp8_strip_byte(true, 48, 3, 5), 3 * 48 + 5);  // narrower strips as stored
+  const int64_t N = 100, K = 10;
+  auto l = formats::StripLayout::make(N, K, 16, kStripVecs, 2, 8, 1, K);
+  l.fp8_pair_order = true;
+  std::vector<int8_t> packed(size_t(l.total_bytes()));
+  std::vector<float> scale(size_t(l.total_cols())), gs;
+  std::vector<int32_t> comp(size_t(l.total_cols()));
+  std::vector<std::vector<uint8_t>> w8;
+  std::vector<std::vector<float>> bs;
+  test::pack_random_fp8(l, N, K, 77, false, packed.data(), scale.data(), comp.data(), w8, bs, gs);
+  ASSERT_GT(l.full_strips, 0);
+  ASSERT_GT(l.tail_vecs, 0);
+  for (int src = 0; src < 2; ++src) {
+    std::vector<uint8_t> back(size_t(N * K), 0xcd);
+    formats::unpack_rows(l, packed.data(), src, 0, N, 0, K, back.data(), K);
+    EXPECT_EQ(back, w8[size_t(src)]) << src;
+  }
+  auto odd = l;
+  odd.k = 9;
+  EXPECT_THROW(
+      formats::pack_fp8_strips(odd, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
+      std::invalid_argument);
+}
+
 TEST(Gemm, SweepMatchesReferenceBitwise) {
   const int64_t Ms[] = {1, 2, 3, 5, 17, 64};
   const int64_t Ns[] = {1, 7, 16, 24, 40, 64, 100};
@@ -372,6 +409,11 @@ TEST(Gemm, SweepMatchesReferenceBitwise) {
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
     EXPECT_GE(names.size(), 80u) << isa_name(isa);
+    if (isa == IsaLevel::avx512_bf16) {  // fp8 pair decode tiles in both strip orders
+      EXPECT_GT(test::count_containing(names, "decode_fp8_avx512bf16_m1n64_store_dpbf16_perm"), 0u);
+      EXPECT_GT(test::count_containing(names, "_dpbf16"),
+                test::count_containing(names, "_dpbf16_perm"));  // and [k][column] (amx's)
+    }
     if (isa == IsaLevel::avx2) {  // both fp8 one-row decode widens ran
       EXPECT_GT(test::count_containing(names, "fp8_avx2_m1n32_store_f32w"), 0u);
       EXPECT_GT(test::count_containing(names, "fp8_avx2_m1n32_siluup_f32w"), 0u);
@@ -443,6 +485,9 @@ TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
           if (HasFatalFailure()) return;
         }
   EXPECT_GT(test::count_containing(names, "fp8_avx512bf16_m6n64_siluup_dpbf16"), 0u);
+  // both strip orders ran: the pair order (make_weights) and [k][column]
+  EXPECT_GT(test::count_containing(names, "fp8_avx512bf16_m6n64_accum_dpbf16_perm"), 0u);
+  EXPECT_GT(names.size(), test::count_containing(names, "_perm"));
 }
 
 // int8 prefill at the AVX-512 VNNI levels runs the rows after its 6-row blocks as the call's
