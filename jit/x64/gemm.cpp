@@ -1921,7 +1921,8 @@ class GemmGenerator : public JitGenerator {
   // fp8 pair kernels (fp8_pair_kernel, avx512_bf16): one step is a k pair, whose two strip rows
   // (2 * cols bytes, contiguous) load into zmm23/24. Per 32 columns j: vpermi2b with
   // c_fp8_idx_[j] gathers the bytes as (row k, row k + 1) pairs in the order the byte unpacks below
-  // need to give natural column order; two vpermi2b over 128-byte tables map the 7 magnitude bits
+  // need to give natural column order (full strips stored in that order, kFp8PairOrder, are loaded
+  // as they are instead); two vpermi2b over 128-byte tables map the 7 magnitude bits
   // to the low and high byte of the value's bf16 (exact: e4m3 fits bf16, subnormals included; the
   // NaN codes give +-480 as fp8_value), the sign bit is or-ed into the high byte, and
   // vpunpcklbw / vpunpckhbw interleave them into 16 bf16 pairs each (columns 32j..+15, +16..+31).
@@ -2007,15 +2008,15 @@ class GemmGenerator : public JitGenerator {
     L(done);
   }
   // fp8 pair prefill of full strips (4 vectors; mx: k_loop_mx_fused below) fuses the decode into
-  // the call's first block: it reads the
-  // strip, stores each k pair's bf16 pairs to the scratch for the later blocks and the tail, and
-  // feeds them to its own vdpbf16ps at once. A separate decode pass before the blocks took about
-  // a fifth of the kernel's time at Qwen3-30B-A3B T = 256: 2 bytes of scratch written and read
-  // back through L2 per weight byte, with no compute to hide behind. The 6-row block's group sums
-  // take zmm0-23, so the decode keeps half of each table and the sign mask in zmm24-26 (the
-  // other halves and the gather indices are memory operands) and its temporaries in zmm27-31
-  // (free in the K loop; the group-end fold and scale load use zmm30 / 31, and the constants
-  // are loaded per tile). Same values in the same order as the repack: the same bits.
+  // the call's first block: it reads the strip, stores each k pair's bf16 pairs to the scratch for
+  // the later blocks and the tail, and feeds them to its own vdpbf16ps at once. A separate decode
+  // pass before the blocks took about a fifth of the kernel's time at Qwen3-30B-A3B T = 256: 2
+  // bytes of scratch written and read back through L2 per weight byte, with no compute to hide
+  // behind. The 6-row block's group sums take zmm0-23, so the decode keeps half of each table and
+  // the sign mask in zmm24-26 (the other halves and the gather indices are memory operands) and its
+  // temporaries in zmm27-31 (free in the K loop; the group-end fold and scale load use zmm30 / 31,
+  // and the constants are loaded per tile). Same values in the same order as the repack: the same
+  // bits.
   bool fused_first() const { return (fp8p_ || mxp_) && prefill_ && sv_ == kStripVecs; }
   int fp8p_step_bytes() const { return 2 * strip_cols(); }
   const Reg64 reg_sw = r13;  // the fused block's scratch write pointer (fp8: reg_comp is unused)
