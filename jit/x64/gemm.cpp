@@ -358,25 +358,18 @@ class GemmGenerator : public JitGenerator {
         mov(reg_tmp2, reg_strip);
         mov(reg_tmp, arg(offsetof(GemmArgs, k4)));
         shr(reg_tmp, 1);
-        Label fused;
-        if (fused_first()) {  // a call with a full block decodes in its first one
-          cmp(arg(offsetof(GemmArgs, m_blocks)), 0);
-          jg(fused, T_NEAR);
-        }
-        if ((sfma_ || mxp_) && mx_)
+        // (fused_first kernels decode in their first block, or in the tail tile of a call
+        // without blocks, instead)
+        if ((sfma_ || mxp_) && mx_ && !fused_first())
           mx_fma_repack();
         else if (sfma_)
           fp8_fma_repack();
-        else
+        else if (!fused_first())
           fp8_pair_repack();
-        L(fused);
       }
       if (prefill_) {
         Label mb_done;
         xor_(reg_row.cvt32(), reg_row.cvt32());
-        mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
-        test(reg_mb, reg_mb);
-        jle(mb_done, T_NEAR);
         // The first pf_blocks blocks each prefetch their share of the next strip into L2 (one
         // line per two K steps: an eighth of it, below DRAM speed), so the next strip's DRAM
         // stream overlaps this strip's compute; later blocks only re-read this strip from L2.
@@ -397,6 +390,9 @@ class GemmGenerator : public JitGenerator {
           mov(reg_pf, reg_tmp);
           L(keep);
         }
+        mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
+        test(reg_mb, reg_mb);
+        jle(mb_done, T_NEAR);  // (reg_pf set for a fused tail tile)
         if (pf_blocks > kFewPrefetchBlocks) {
           // A call of fewer blocks (e.g. 16 rows: two 6-row blocks) would leave most of the
           // next strip to demand misses: its first kFewPrefetchBlocks blocks prefetch
@@ -523,6 +519,28 @@ class GemmGenerator : public JitGenerator {
   void tail_rows(bool prefetch_next) {
     Label done;
     const int rows = mr_;
+    if (fused_first()) {  // a call of no block: the tail tile decodes the strip, stores nothing,
+      Label blocks_ran;   // and prefetches the next one as a first block would
+      test(reg_row, reg_row);
+      jnz(blocks_ran, T_NEAR);
+      for (int t = 1; t < rows; ++t) {
+        Label next;
+        cmp(arg(offsetof(GemmArgs, m_tail)), t);
+        jne(next, T_NEAR);
+        mov(reg_w, reg_strip);
+        mr_ = t;
+        fuse_ = true;
+        fuse_store_ = false;
+        compute_block(true);
+        fuse_ = false;
+        fuse_store_ = true;
+        mr_ = rows;
+        jmp(done, T_NEAR);
+        L(next);
+      }
+      jmp(done, T_NEAR);
+      L(blocks_ran);
+    }
     for (int t = 1; t < rows; ++t) {
       Label next;
       cmp(arg(offsetof(GemmArgs, m_tail)), t);
@@ -661,7 +679,7 @@ class GemmGenerator : public JitGenerator {
       auto move_on = [&](int steps) {
         if (fuse_) {
           advance_pairs(steps, prefetch_next, fp8p_step_bytes());
-          add(reg_sw, nv_ * 64 * steps);
+          if (fuse_store_) add(reg_sw, nv_ * 64 * steps);
         } else if (sfma_)
           advance_sfma(steps, prefetch_next);
         else if (scratch_pairs())
@@ -1650,9 +1668,10 @@ class GemmGenerator : public JitGenerator {
            : i4w_         ? kI4AccStack + (m * nv_ + v) * vec_bytes()
                           : fp8_acc_slot(m, v);
   }
-  // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there), others on the stack
+  // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there; not in fused tiles,
+  // whose decode takes them), others on the stack
   // (strip-scratch kernels too: the bf16 microkernel's odd-k mask is zmm29).
-  bool fp8_scale_regs() const { return zmm_isa() && mr_ <= 4 && !sfma_; }
+  bool fp8_scale_regs() const { return zmm_isa() && mr_ <= 4 && !sfma_ && !fuse_; }
   void fp8_mul_scale(const Xmm& w, int half) {
     if (fp8_scale_regs())
       vmulps(w, w, Zmm(28 + half));
@@ -1692,13 +1711,16 @@ class GemmGenerator : public JitGenerator {
     return Ymm(i);
   }
 
-  // The top 16 bits of e (low half) and o (high half) as bf16 pairs, stored at `dst`.
-  void bf16_pair_store(const Xmm& e, const Xmm& o, const Address& dst) {
+  // The top 16 bits of e (low half) and o (high half) as bf16 pairs, in e (stored at `dst`).
+  void bf16_pair_pack(const Xmm& e, const Xmm& o) {
     vpsrld(e, e, 16);
     if (zmm_isa())
       vpternlogd(e, o, zword[rip + c_hi16_], 0xf8);  // e | (o & 0xffff0000)
     else
       vpblendw(e, e, o, 0xaa);  // the odd words (high halves) from o
+  }
+  void bf16_pair_store(const Xmm& e, const Xmm& o, const Address& dst) {
+    bf16_pair_pack(e, o);
     vmovups(dst, e);
   }
 
@@ -2021,6 +2043,7 @@ class GemmGenerator : public JitGenerator {
   int fp8p_step_bytes() const { return 2 * strip_cols(); }
   const Reg64 reg_sw = r13;  // the fused block's scratch write pointer (fp8: reg_comp is unused)
   bool fuse_ = false;
+  bool fuse_store_ = true;  // (a tail tile alone decodes for itself only: tail_rows)
   void fp8_fused_constants() {
     vmovdqu8(Zmm(24), zword[rip + c_fp8_lut_[0]]);
     vmovdqu8(Zmm(25), zword[rip + c_fp8_lut_[1]]);
@@ -2056,7 +2079,7 @@ class GemmGenerator : public JitGenerator {
           vpunpcklbw(w, lo, hi);
         else
           vpunpckhbw(w, lo, hi);
-        vmovups(zword[reg_sw + (u * nv_ + v) * 64], w);
+        if (fuse_store_) vmovups(zword[reg_sw + (u * nv_ + v) * 64], w);
         for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
       }
     }
@@ -2147,13 +2170,14 @@ class GemmGenerator : public JitGenerator {
           }
           vmulps(e, e, Zmm(24 + v));
           vmulps(o, o, Zmm(24 + v));
-          bf16_pair_store(e, o, zword[reg_sw + (p * nv_ + v) * 64]);
+          bf16_pair_pack(e, o);
+          if (fuse_store_) vmovups(zword[reg_sw + (p * nv_ + v) * 64], e);
           for (int m = 0; m < mr_; ++m) vdpbf16ps(acc(m, v), e, ptr_b[a_row(m) + 4 * p]);
         }
       }
       if (prefetch_next) add(reg_pf, 4 * pair_pf_bytes());
       add(reg_w, mx4_ ? 4 * cols : 8 * cols);
-      add(reg_sw, 4 * nv_ * 64);
+      if (fuse_store_) add(reg_sw, 4 * nv_ * 64);
       add(reg_a, 16);
       if (mr_ > 3) add(reg_a3, 16);
       dec(reg_tmp2);

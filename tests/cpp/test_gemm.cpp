@@ -39,6 +39,9 @@ struct Problem {
     return isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::fp8 && K % 2 == 0;
   }
   static constexpr int64_t kPairTileRows = 5;  // the executor's GemmKernelSet::tile_min_rows
+  // fp8 pairs: every row as the pair prefill kernel's short tile of a call without blocks, even
+  // below kPairTileRows (the tile decodes the strip itself there; the executor sends only 5).
+  bool tail_alone = false;
   std::string repro() const {
     std::ostringstream s;
     s << "repro: KT_JIT_ISA=" << isa_name(isa) << " fmt=" << int(fmt) << " epi=" << int(epi)
@@ -204,6 +207,13 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
       row = p.M / tile_rows * tile_rows + m_tail;
     }
     // fp8 pair and VNNI int8 blocks take the rest too; fp8 pairs from 5 rows, blocks or not
+    if (p.tail_alone && p.fp8_pairs() && p.M < max_rows) {
+      KernelKey pkey = key_for(p.isa, KernelKind::gemm_prefill, max_rows, nv, p.epi, p.fmt);
+      pkey.variant = kBf16Pairs;
+      ASSERT_TRUE(tail_rows_kernel(pkey));
+      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, 0, 0, 0, p.M);
+      row = p.M;
+    }
     if (p.M - row > max_rows || (p.fp8_pairs() && p.M >= Problem::kPairTileRows)) {
       const int64_t blocks = (p.M - row) / max_rows;
       KernelKey pkey = key_for(p.isa, KernelKind::gemm_prefill, max_rows, nv, p.epi, p.fmt);
@@ -484,6 +494,15 @@ TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
           check_problem(p, &names);
           if (HasFatalFailure()) return;
         }
+  // calls of no block, every tail size: the tail tile decodes the strip (and prefetches the next)
+  for (Epilogue epi : {Epilogue::store, Epilogue::accum})
+    for (int64_t M = 1; M <= 5; ++M)
+      for (int64_t N : {100, 200}) {
+        Problem p{IsaLevel::avx512_bf16, WeightFormat::fp8, epi, M, N, 130, seed++};
+        p.tail_alone = true;
+        check_problem(p, &names);
+        if (HasFatalFailure()) return;
+      }
   EXPECT_GT(test::count_containing(names, "fp8_avx512bf16_m6n64_siluup_dpbf16"), 0u);
   // both strip orders ran: the pair order (make_weights) and [k][column]
   EXPECT_GT(test::count_containing(names, "fp8_avx512bf16_m6n64_accum_dpbf16_perm"), 0u);
