@@ -1739,14 +1739,7 @@ class GemmGenerator : public JitGenerator {
     if (mx4_ && zmm_isa()) vmovups(Zmm(16), zword[rip + c_e2m1_]);
     L(group);
     {
-      for (int v = 0; v < nv_; ++v) {
-        const Xmm sc = vreg(8 + v);
-        if (zmm_isa())
-          vpmovzxbd(sc, xword[reg_tmp2 + v * lanes_]);
-        else
-          vpmovzxbd(sc, qword[reg_tmp2 + v * lanes_]);
-        vpslld(sc, sc, 23);
-      }
+      for (int v = 0; v < nv_; ++v) mx_scale_widen(vreg(8 + v), reg_tmp2 + v * lanes_);
       add(reg_tmp2, cols);
       if (mx8_) {        // [k][column] bytes: 16 pairs of rows
         mov(reg_k, 16);  // free until the M blocks
@@ -1782,18 +1775,30 @@ class GemmGenerator : public JitGenerator {
     }
     L(done);
   }
+  // The columns' exponent bytes at `bytes` (one per lane) as fp32 scales, bits e << 23, in `dst`.
+  void mx_scale_widen(const Xmm& dst, const RegExp& bytes) {
+    if (zmm_isa())
+      vpmovzxbd(dst, xword[bytes]);
+    else
+      vpmovzxbd(dst, qword[bytes]);
+    vpslld(dst, dst, 23);
+  }
   // The e2m1 nibble at bit `shift` of each dword of `raw` as fp32 in vreg(i) (vreg(i + 2) a
-  // temporary on ymm).
-  Xmm e2m1_widen(int i, const Xmm& raw, int shift) {
+  // temporary on ymm). On zmm `raw` may be memory and the 16-entry table (`table`, zmm16 unless
+  // given) a memory operand.
+  Xmm e2m1_widen(int i, const Operand& raw, int shift, const Operand& table = Zmm(16)) {
     const Xmm x = vreg(i);
     if (zmm_isa()) {  // vpermps reads index bits 3..0
       if (shift)
         vpsrld(x, raw, uint8_t(shift));
+      else if (raw.isMEM())
+        vmovups(x, raw);
       else
         vmovaps(x, raw);
-      vpermps(Zmm(i), Zmm(i), Zmm(16));
+      vpermps(Zmm(i), Zmm(i), table);
       return x;
     }
+    if (raw.isMEM()) throw std::logic_error("gemm: e2m1_widen takes a register on ymm");
     const Xmm sgn = vreg(i + 2);
     if (shift < 28)
       vpslld(sgn, raw, uint8_t(28 - shift));  // bit 3 of the nibble to bit 31
@@ -1961,45 +1966,60 @@ class GemmGenerator : public JitGenerator {
     for (int j = 0; j < (nv_ + 1) / 2; ++j) vmovdqu8(Zmm(20 + j), zword[rip + c_fp8_idx_[j]]);
     vpbroadcastd(Zmm(22), dword[rip + c_80_]);
   }
-  // Decodes the k pair at `wm`; `use(v, w)` gets vector v's 16 bf16 pairs in zmm w.
+  // Decodes the k pair at `wm`; `use(v, w)` gets vector v's 16 bf16 pairs in zmm w. Registers:
+  // the tiles' (fp8_pair_constants: tables 16-19, gather indices 20-21, sign mask 22; temporaries
+  // 23-27 and 30) or, `fused` (a 6-row block's first pass over a full strip, whose group sums
+  // take zmm0-23: microkernel_fp8_fused), half of each table and the sign mask in 24-26
+  // (fp8_fused_constants), the other halves, the indices and row k + 1 as memory operands, and
+  // temporaries 27-31.
   template <class Use>
-  void fp8_pair_decode(const RegExp& wm, Use use) {
+  void fp8_pair_decode(const RegExp& wm, Use use, bool fused = false) {
     const int bytes = 2 * strip_cols();  // two strip rows: 32, 64, 96 or 128
-    if (fp8po_ && bytes == 128) {        // stored in the pair order: no gather
-      const Zmm lo(26), hi(27), w(30);
-      for (int j = 0; j < 2; ++j) {
+    const Zmm sign(fused ? 26 : 22), row0(fused ? 27 : 23), p(fused ? 28 : 25), lo(fused ? 29 : 26),
+        hi(fused ? 30 : 27), w(fused ? 31 : 30);
+    auto lut = [&](const Zmm& x, int t) {  // the indices in x to byte t of the values' bf16
+      if (fused)
+        vpermi2b(x, Zmm(24 + t), zword[rip + c_fp8_lut_[t] + 64]);
+      else
+        vpermi2b(x, Zmm(16 + 2 * t), Zmm(17 + 2 * t));
+    };
+    const bool ordered = fp8po_ && bytes == 128;  // stored in the pair order: no gather
+    if (fused && bytes != 128)
+      throw std::logic_error("gemm: the fused fp8 decode takes full strips");
+    if (ordered) {
+    } else if (fused) {
+      vmovdqu8(row0, zword[wm]);
+    } else {
+      if (bytes >= 64)
+        vmovdqu8(Zmm(23), zword[wm]);
+      else
+        vmovdqu8(Ymm(23), yword[wm]);
+      if (bytes == 128)
+        vmovdqu8(Zmm(24), zword[wm + 64]);
+      else if (bytes == 96)
+        vmovdqu8(Ymm(24), yword[wm + 64]);
+    }
+    for (int j = 0; 2 * j < nv_; ++j) {
+      if (ordered) {
         vmovdqu8(lo, zword[wm + 64 * j]);
         vmovdqu8(hi, zword[wm + 64 * j]);
-        vpermi2b(lo, Zmm(16), Zmm(17));
-        vpermi2b(hi, Zmm(18), Zmm(19));
-        vpternlogd(hi, Zmm(22), zword[wm + 64 * j], 0xf8);  // hi | (byte & 0x80): the sign
-        for (int h = 0; h < 2; ++h) {
-          if (h == 0)
-            vpunpcklbw(w, lo, hi);
-          else
-            vpunpckhbw(w, lo, hi);
-          use(2 * j + h, w);
+        lut(lo, 0);
+        lut(hi, 1);
+        vpternlogd(hi, sign, zword[wm + 64 * j], 0xf8);  // hi | (byte & 0x80): the sign
+      } else {
+        if (fused) {
+          vmovdqu8(p, zword[rip + c_fp8_idx_[j]]);
+          vpermi2b(p, row0, zword[wm + 64]);
+        } else {
+          vmovdqa64(p, Zmm(20 + j));
+          vpermi2b(p, Zmm(23), Zmm(24));
         }
+        vmovdqa64(lo, p);
+        lut(lo, 0);
+        vmovdqa64(hi, p);
+        lut(hi, 1);
+        vpternlogd(hi, p, sign, 0xf8);  // hi | (p & 0x80): the sign
       }
-      return;
-    }
-    if (bytes >= 64)
-      vmovdqu8(Zmm(23), zword[wm]);
-    else
-      vmovdqu8(Ymm(23), yword[wm]);
-    if (bytes == 128)
-      vmovdqu8(Zmm(24), zword[wm + 64]);
-    else if (bytes == 96)
-      vmovdqu8(Ymm(24), yword[wm + 64]);
-    const Zmm p(25), lo(26), hi(27), w(30);
-    for (int j = 0; 2 * j < nv_; ++j) {
-      vmovdqa64(p, Zmm(20 + j));
-      vpermi2b(p, Zmm(23), Zmm(24));
-      vmovdqa64(lo, p);
-      vpermi2b(lo, Zmm(16), Zmm(17));
-      vmovdqa64(hi, p);
-      vpermi2b(hi, Zmm(18), Zmm(19));
-      vpternlogd(hi, p, Zmm(22), 0xf8);  // hi | (p & 0x80): the sign
       for (int h = 0; h < 2 && 2 * j + h < nv_; ++h) {
         if (h == 0)
           vpunpcklbw(w, lo, hi);
@@ -2034,11 +2054,9 @@ class GemmGenerator : public JitGenerator {
   // the later blocks and the tail, and feeds them to its own vdpbf16ps at once. A separate decode
   // pass before the blocks took about a fifth of the kernel's time at Qwen3-30B-A3B T = 256: 2
   // bytes of scratch written and read back through L2 per weight byte, with no compute to hide
-  // behind. The 6-row block's group sums take zmm0-23, so the decode keeps half of each table and
-  // the sign mask in zmm24-26 (the other halves and the gather indices are memory operands) and its
-  // temporaries in zmm27-31 (free in the K loop; the group-end fold and scale load use zmm30 / 31,
-  // and the constants are loaded per tile). Same values in the same order as the repack: the same
-  // bits.
+  // behind. The decode takes the fused registers of fp8_pair_decode (its temporaries 27-31 are
+  // free in the K loop; the group-end fold and scale load use 30 / 31, and the constants are loaded
+  // per tile). Same values in the same order as the repack: the same bits.
   bool fused_first() const { return (fp8p_ || mxp_) && prefill_ && sv_ == kStripVecs; }
   int fp8p_step_bytes() const { return 2 * strip_cols(); }
   const Reg64 reg_sw = r13;  // the fused block's scratch write pointer (fp8: reg_comp is unused)
@@ -2054,35 +2072,13 @@ class GemmGenerator : public JitGenerator {
       prefetcht1(ptr[reg_pf + u * 128]);
       prefetcht1(ptr[reg_pf + u * 128 + 64]);
     }
-    const RegExp wm = reg_w + u * fp8p_step_bytes();
-    const Zmm row0(27), p(28), lo(29), hi(30), w(31);
-    if (!fp8po_) vmovdqu8(row0, zword[wm]);
-    for (int j = 0; j < 2; ++j) {
-      if (fp8po_) {  // the pair order: the bytes as stored
-        vmovdqu8(lo, zword[wm + 64 * j]);
-        vmovdqu8(hi, zword[wm + 64 * j]);
-        vpermi2b(lo, Zmm(24), zword[rip + c_fp8_lut_[0] + 64]);
-        vpermi2b(hi, Zmm(25), zword[rip + c_fp8_lut_[1] + 64]);
-        vpternlogd(hi, Zmm(26), zword[wm + 64 * j], 0xf8);  // hi | (byte & 0x80): the sign
-      } else {
-        vmovdqu8(p, zword[rip + c_fp8_idx_[j]]);
-        vpermi2b(p, row0, zword[wm + 64]);
-        vmovdqa64(lo, p);
-        vpermi2b(lo, Zmm(24), zword[rip + c_fp8_lut_[0] + 64]);
-        vmovdqa64(hi, p);
-        vpermi2b(hi, Zmm(25), zword[rip + c_fp8_lut_[1] + 64]);
-        vpternlogd(hi, p, Zmm(26), 0xf8);  // hi | (p & 0x80): the sign
-      }
-      for (int h = 0; h < 2; ++h) {
-        const int v = 2 * j + h;
-        if (h == 0)
-          vpunpcklbw(w, lo, hi);
-        else
-          vpunpckhbw(w, lo, hi);
-        if (fuse_store_) vmovups(zword[reg_sw + (u * nv_ + v) * 64], w);
-        for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
-      }
-    }
+    fp8_pair_decode(
+        reg_w + u * fp8p_step_bytes(),
+        [&](int v, const Zmm& w) {
+          if (fuse_store_) vmovups(zword[reg_sw + (u * nv_ + v) * 64], w);
+          for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
+        },
+        /*fused=*/true);
   }
   // mxfp8 pair decode tiles (mx8_pair_decode_kernel): per 32-k group the columns' scales times
   // 2^-8 (the stored exponent is e + 8; exact) to the stack, then 16 k pairs of the fp8 pair
@@ -2098,8 +2094,7 @@ class GemmGenerator : public JitGenerator {
     L(group);
     {
       for (int v = 0; v < nv_; ++v) {
-        vpmovzxbd(t, xword[reg_w + v * lanes_]);
-        vpslld(t, t, 23);
+        mx_scale_widen(t, reg_w + v * lanes_);
         vmulps(t, t, cpool(c_f2m8_));
         vmovups(mx_scale(v), t);
       }
@@ -2142,10 +2137,7 @@ class GemmGenerator : public JitGenerator {
     jle(done, T_NEAR);
     L(group);
     {
-      for (int v = 0; v < nv_; ++v) {
-        vpmovzxbd(Zmm(24 + v), xword[reg_w + v * lanes_]);
-        vpslld(Zmm(24 + v), Zmm(24 + v), 23);
-      }
+      for (int v = 0; v < nv_; ++v) mx_scale_widen(Zmm(24 + v), reg_w + v * lanes_);
       add(reg_w, cols);
       mov(reg_tmp2, 4);  // quads of k pairs in a group of 16
       L(quad);
@@ -2156,14 +2148,9 @@ class GemmGenerator : public JitGenerator {
         for (int v = 0; v < nv_; ++v) {
           const Zmm e(28), o(29);
           if (mx4_) {  // this quad's dword of the column: nibbles k0 + 2p (e) and + 1 (o)
-            const Address raw = zword[reg_w + v * 64];
-            if (p == 0)
-              vmovups(e, raw);
-            else
-              vpsrld(e, raw, uint8_t(8 * p));
-            vpsrld(o, raw, uint8_t(8 * p + 4));
-            vpermps(e, e, zword[rip + c_e2m1_]);
-            vpermps(o, o, zword[rip + c_e2m1_]);
+            const Address raw = zword[reg_w + v * 64], table = zword[rip + c_e2m1_];
+            e2m1_widen(e.getIdx(), raw, 8 * p, table);
+            e2m1_widen(o.getIdx(), raw, 8 * p + 4, table);
           } else {  // rows 2p and 2p + 1 of the quad's 8
             e4m3_widen(e.getIdx(), reg_w + 2 * p * cols + v * lanes_);
             e4m3_widen(o.getIdx(), reg_w + (2 * p + 1) * cols + v * lanes_);
@@ -2214,11 +2201,7 @@ class GemmGenerator : public JitGenerator {
       const Xmm t = mx_scale_regs() ? Xmm(Zmm(20 + v))
                     : zmm_isa()     ? Xmm(Zmm(30))
                                     : Xmm(Ymm(15));  // decode temporaries: free here
-      if (zmm_isa())
-        vpmovzxbd(t, xword[reg_w + v * lanes_]);
-      else
-        vpmovzxbd(t, qword[reg_w + v * lanes_]);
-      vpslld(t, t, 23);
+      mx_scale_widen(t, reg_w + v * lanes_);
       if (!mx_scale_regs()) vmovups(mx_scale(v), t);
     }
     advance_w(strip_cols());
