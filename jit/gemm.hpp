@@ -339,10 +339,26 @@ inline bool amx_int4_kernel(const KernelKey& key) {
   return key.isa == IsaLevel::amx && key.kind == KernelKind::gemm_prefill &&
          key.format == WeightFormat::int4;
 }
-// Bytes of GemmArgs::scratch a kernel needs for `k4` K steps (0: it reads none).
+// qgroup prefill kernels on zmm whose group ends build each scale (and bias) vector from the
+// int8 sub-scales and the super block's fp32 factor, float(sub) * factor (kQGroupSuper without
+// the fp32 super-block partials or the lane / int32 folds: Q4_K, Q5_K and Q2_K, whose biases keep
+// them per group): each strip's vectors are built once, before its M blocks, into
+// GemmArgs::scratch ([group][scale, bias][vector] fp32, 1 or 2 x n_vec x 64 bytes a group), and
+// every block's group ends read them there. The same products in the same FMAs: the same bits.
+// On Zen 4 the vmulps of those products shared the pipes of the tile's 96 vpdpbusd a group.
+inline bool qgroup_scale_scratch_kernel(const KernelKey& key) {
+  return key.format == WeightFormat::qgroup && key.kind == KernelKind::gemm_prefill &&
+         !isa_is_neon(key.isa) && int(key.isa) >= int(IsaLevel::avx512) &&
+         (key.variant & kQGroupSuper) &&
+         !(key.variant & (kQGroupSuperSums | kQGroupLaneFold | kQGroupIntFold));
+}
+// Bytes of GemmArgs::scratch a kernel needs for `k4` K steps (0: it reads none). (qgroup scale
+// scratch: at most k4 / 4 groups, G >= 16, of 2 x n_vec vectors.)
 inline int64_t gemm_scratch_bytes(const KernelKey& key, int64_t k4) {
   if (amx_int4_kernel(key)) return k4 * 64 * key.n_vec;
-  return scratch_pair_kernel(key) || strip_scratch_kernel(key) ? k4 * 32 * key.n_vec : 0;
+  return scratch_pair_kernel(key) || strip_scratch_kernel(key) || qgroup_scale_scratch_kernel(key)
+             ? k4 * 32 * key.n_vec
+             : 0;
 }
 // Prefill kernels that take bf16 activation rows in whole blocks of m_r rows (the executor pads
 // the last block, where the kernel does not run its last rows itself: tail_rows_kernel): bf16

@@ -929,10 +929,13 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     pair_weight.assign(size_t(pair_rows), 0.0f);
     if (row_weight) std::copy(row_weight, row_weight + rows, pair_weight.begin());
   }
-  // The tile kernels' per-thread scratch (a strip decoded once for all of its M blocks).
+  // The tile kernels' per-thread scratch (a strip decoded once for all of its M blocks), and the
+  // prefill kernels' (qgroup group scales built once a strip: qgroup_scale_scratch_kernel).
   if (ks.tile_rows && rows >= ks.tile_min_rows)
     if (const int64_t bytes = gemm_scratch_bytes(ks.tile_full, layout.k4))
       if (pair_scratch.size() < size_t(bytes)) pair_scratch.resize(size_t(bytes));
+  if (const int64_t bytes = gemm_scratch_bytes(ks.prefill_full, layout.k4))
+    if (pair_scratch.size() < size_t(bytes)) pair_scratch.resize(size_t(bytes));
   const int64_t strips_end = std::min(strip_end, layout.full_strips + (layout.tail_vecs ? 1 : 0));
   int64_t i16_row0 = -1;   // first row of the int16 codes converted in this call (mxfp4 decode)
   int64_t bf16_row0 = -1;  // likewise for the bf16 rows of the fp8 pair kernels

@@ -253,6 +253,11 @@ void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<floa
     args.lut = p.ident ? nullptr : pk.lut;  // identity-table kernels read no table
     args.a_gsum = x.gsum.data() + row0;
     args.a_gsum_ld = x.ld_rows * 4;
+    std::vector<uint8_t> scratch;  // the group scales built once a strip (gemm_scratch_bytes)
+    if (const int64_t bytes = gemm_scratch_bytes(key, l.k4)) {
+      scratch.assign(size_t(bytes), 0xcd);
+      args.scratch = scratch.data();
+    }
     if (use_ref) {
       gemm_ref(key, args);
     } else {
