@@ -368,13 +368,6 @@ class GemmGenerator : public JitGenerator {
         else if (!fused_first())
           fp8_pair_repack();
       }
-      if (qss_) {  // calls of fewer blocks build each group's vectors in the group end
-        Label few;
-        cmp(arg(offsetof(GemmArgs, m_blocks)), qss_min_blocks());
-        jl(few, T_NEAR);
-        qgroup_scale_repack();
-        L(few);
-      }
       if (prefill_) {
         Label mb_done;
         xor_(reg_row.cvt32(), reg_row.cvt32());
@@ -780,51 +773,24 @@ class GemmGenerator : public JitGenerator {
     lea(reg_gsum, ptr[reg_gsum + reg_row * 4]);
   }
 
-  // qss_: the strip at reg_strip's group scale (and bias) vectors, float(sub) * factor as
-  // qgroup_scale_vector builds them, into GemmArgs::scratch ([group][scale, bias][vector]) for
-  // every M block's group ends. Before the blocks, so it may take the registers they set up.
+  // qss_ (qgroup_scale_scratch_kernel): in a call of kQssMinBlocks or more M blocks, the first
+  // block's group ends build the scale (and bias) vectors, float(sub) * factor, as before and also
+  // store them to GemmArgs::scratch ([group][scale, bias][vector]; the write pointer at [rsp + 8]),
+  // and the later blocks' group ends load them there (reg_sb walks the scratch instead of the
+  // super blocks' headers). Calls of fewer blocks build them in every group end as before.
+  // (A pass over the strip's scales before the blocks cost more at T = 256: 4.8 % of the gate/up
+  // kernel in a profile, for the same stores.)
+  enum class Qss { off, store, load };
+  Qss qss_mode_ = Qss::off;
   int qss_group_bytes() const { return (qgb_ ? 2 : 1) * sv_ * vec_bytes(); }
-  // Calls of fewer M blocks build the vectors in their group ends as before: the pass costs about
-  // what one block saves (Qwen3-30B-A3B Q4_K, in-process A/B on a Zen 4: T = 64 1.00-1.01 at 2,
-  // T = 256 0.978 at 2 against 0.992 at 3).
   static constexpr int kQssMinBlocks = 2;
-  int qss_min_blocks() const { return kQssMinBlocks; }
-  void qgroup_scale_repack() {
-    if (!zmm_isa() || !qgs_ || qgh_ || half_)
-      throw std::logic_error("gemm: qgroup scale scratch takes zmm two-level scales");
-    const Reg64 w = reg_tmp2, hdr = reg_tmp, dst = reg_k, groups = reg_gc, codes = reg_pf,
-                supers = reg_mb;
-    Label super, group, done;
-    mov(w, reg_strip);
-    mov(dst, arg(offsetof(GemmArgs, scratch)));
-    mov(codes, arg(offsetof(GemmArgs, g_steps)));
-    imul(codes, codes, step_bytes());
-    mov(supers, arg(offsetof(GemmArgs, s_per_strip)));
-    test(supers, supers);
-    jle(done, T_NEAR);
-    L(super);
-    {
-      mov(hdr, w);
-      add(w, qg_header_bytes());
-      mov(groups, arg(offsetof(GemmArgs, g_per_super)));
-      L(group);
-      add(w, codes);
-      for (int b = 0; b < (qgb_ ? 2 : 1); ++b)
-        for (int v = 0; v < sv_; ++v) {
-          const Zmm t(b * sv_ + v);
-          vpmovsxbd(t, xword[w + b * strip_cols() + v * lanes_]);
-          vcvtdq2ps(t, t);
-          vmulps(t, t, zword[hdr + (b * sv_ + v) * vec_bytes()]);
-          vmovups(zword[dst + (b * sv_ + v) * vec_bytes()], t);
-        }
-      add(w, qg_extra_bytes());
-      add(dst, qss_group_bytes());
-      dec(groups);
-      jnz(group, T_NEAR);
-      dec(supers);
-      jnz(super, T_NEAR);
-    }
-    L(done);
+  static constexpr int kQssWriteStack = 8;  // [rsp + 8]: the first block's scratch write pointer
+  // Jumps to `few` for a call of fewer blocks, to `first` in its first block (reg_row 0).
+  void qss_branch(Label& few, Label& first) {
+    cmp(arg(offsetof(GemmArgs, m_blocks)), kQssMinBlocks);
+    jl(few, T_NEAR);
+    test(reg_row, reg_row);
+    jz(first, T_NEAR);
   }
 
   // qgroup: for each group, zero the int32 accumulators, run its K steps, then fold them into the
@@ -836,12 +802,9 @@ class GemmGenerator : public JitGenerator {
     test(reg_gc, reg_gc);
     jle(done, T_NEAR);
     if (qgs_) xor_(reg_sg.cvt32(), reg_sg.cvt32());
-    if (qss_) {  // the group scales (reg_sb below) where the strip's were built
-      Label few;
-      cmp(arg(offsetof(GemmArgs, m_blocks)), qss_min_blocks());
-      jl(few, T_NEAR);
+    if (qss_) {  // the scratch: read by the later blocks (reg_sb), written by the first
       mov(reg_sb, arg(offsetof(GemmArgs, scratch)));
-      L(few);
+      mov(qword[rsp + kQssWriteStack], reg_sb);
     }
     // The stack slots start at zero: int16 group sums' int32 parts (each group end that used
     // them zeroes them), or the fp32 super-block partials' sums t (the fp32 accumulators then
@@ -858,13 +821,14 @@ class GemmGenerator : public JitGenerator {
         Label same;
         test(reg_sg, reg_sg);
         jnz(same, T_NEAR);
-        Label built;
-        if (qss_) {
-          cmp(arg(offsetof(GemmArgs, m_blocks)), qss_min_blocks());
-          jge(built, T_NEAR);
+        Label header, loads;
+        if (qss_) {  // the later blocks of a call of several keep reg_sb on the scratch
+          qss_branch(header, header);
+          jmp(loads, T_NEAR);
         }
+        L(header);
         mov(reg_sb, reg_w);
-        L(built);
+        L(loads);
         // The header is read at the super block's end. Decode kernels without a software
         // prefetch (decode_prefetch_bytes) touch its lines now, so the stream stays gapless for
         // the hardware prefetcher: skipping them (8 lines with the signed codes' correction) cut
@@ -880,16 +844,19 @@ class GemmGenerator : public JitGenerator {
         for (int m = 0; m < mr_; ++m)
           for (int v = 0; v < nv_; ++v) vpxord_any(qacc(m, v));
       qgroup_steps(prefetch_next);
-      if (qss_) {  // two group ends: scale vectors from the scratch, or built here
-        Label few, ended;
-        cmp(arg(offsetof(GemmArgs, m_blocks)), qss_min_blocks());
-        jl(few, T_NEAR);
+      if (qss_) {  // three group ends: vectors loaded, built and stored, or built
+        Label few, first, ended;
+        qss_branch(few, first);
+        qss_mode_ = Qss::load;
+        qgroup_group_end(prefetch_next);
+        jmp(ended, T_NEAR);
+        L(first);
+        qss_mode_ = Qss::store;
         qgroup_group_end(prefetch_next);
         jmp(ended, T_NEAR);
         L(few);
-        qss_ = false;
+        qss_mode_ = Qss::off;
         qgroup_group_end(prefetch_next);
-        qss_ = true;
         L(ended);
       } else {
         qgroup_group_end(prefetch_next);
@@ -1204,13 +1171,19 @@ class GemmGenerator : public JitGenerator {
     const Xmm sc = qend_tmp(kept), bi = qend_tmp(kept + 1);
     // the fp32 accumulator: in its register, or (2-row avx2 tiles) loaded from the stack
     const Xmm fa_tmp = qend_tmp(kept + 2);
+    const Reg64 qss_w = reg_k;  // (free after the group's K steps)
+    if (qss_mode_ == Qss::store) mov(qss_w, qword[rsp + kQssWriteStack]);
     for (int v = 0; v < nv_; ++v) {
-      if (qss_) {  // built before the blocks: reg_sb walks the scratch
+      if (qss_mode_ == Qss::load) {  // built by the call's first block
         vmovups(sc, vmem(reg_sb + sv(v) * vec_bytes()));
         if (qgb_) vmovups(bi, vmem(reg_sb + (sv_ + sv(v)) * vec_bytes()));
       } else if (built) {
         qgroup_scale_vector(sc, v, 0);
         if (qgb_) qgroup_scale_vector(bi, v, 1);
+        if (qss_mode_ == Qss::store) {
+          vmovups(vmem(qss_w + sv(v) * vec_bytes()), sc);
+          if (qgb_) vmovups(vmem(qss_w + (sv_ + sv(v)) * vec_bytes()), bi);
+        }
       }
       for (int m = 0; m < mr_; ++m)
         with_fp32_acc(m, v, fa_tmp, [&](const Xmm& fa) {
@@ -1224,7 +1197,8 @@ class GemmGenerator : public JitGenerator {
         });
     }
     advance_w(qg_extra_bytes());
-    if (qss_) add(reg_sb, qss_group_bytes());
+    if (qss_mode_ == Qss::load) add(reg_sb, qss_group_bytes());
+    if (qss_mode_ == Qss::store) add(qword[rsp + kQssWriteStack], qss_group_bytes());
     if (gsum_) add(reg_gsum, arg(offsetof(GemmArgs, a_gsum_ld)));
     qgroup_prefetch_scales(prefetch_next);
   }
@@ -2748,7 +2722,7 @@ class GemmGenerator : public JitGenerator {
   const bool qgl_;   // int16-lane super-block folds (kQGroupLaneFold)
   const bool qgp_;   // fp32 super-block partials (kQGroupSuperSums)
   const bool qglb_;  // ... over byte codes: folded every kQGroupByteLaneSteps K steps
-  bool qss_;         // group scale vectors built once per strip (qgroup_scale_scratch_kernel)
+  const bool qss_;   // group scale vectors built once per strip (qgroup_scale_scratch_kernel)
   const int qc0_;    // offset codes: c0
   const bool gsum_, nib_;
   const bool mx4_, mx8_, mx_, gacc_, i16_;
