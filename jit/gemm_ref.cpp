@@ -198,8 +198,7 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   const bool nib = key.variant & kQGroupNibbles, bias = key.variant & kQGroupBias;
   const int cols = key.n_vec * vec_lanes(key.isa);
   const int out_cols = gemm_strip_out_cols(key.isa, key.n_vec, key.epilogue);
-  const int64_t blocks = key.kind == KernelKind::gemm_prefill ? args.m_blocks : 1;
-  const int rows = key.m_r;
+  const int64_t call_rows = gemm_call_rows(key, args);
   // offset codes (kQGroupOffset): the table holds code + c0, read unsigned; c0 * s_g comes off
   // (at the VNNI levels too, instead of the + 128 there: c0 = 0 or an identity nibble table)
   const bool offset = key.variant & kQGroupOffset;
@@ -278,7 +277,7 @@ void gemm_ref_qgroup(const KernelKey& key, const GemmArgs& args) {
   const int8_t* w = args.w;
   for (int64_t s = 0; s < args.n_strips; ++s, w += strip_bytes) {
     const int64_t col0 = args.out_col + s * out_cols;
-    for (int64_t m = 0; m < blocks * rows; ++m) {
+    for (int64_t m = 0; m < call_rows; ++m) {
       const int8_t* a = args.a + m * args.lda;
       float y[64];
       for (int n = 0; fold32 && n < cols; ++n) {

@@ -1041,7 +1041,8 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       if (rows - row > max_rows) {
         const KernelKey& pkey = tail ? ks.prefill_tail : ks.prefill_full;
         const int64_t blocks = (rows - row) / max_rows;
-        // int8 at the VNNI levels takes the rows left too (jit/gemm.hpp tail_rows_kernel)
+        // int8 at the VNNI levels and qgroup at the AVX-512 ones take the rows left too
+        // (jit/gemm.hpp tail_rows_kernel)
         const int64_t m_tail = tail_rows_kernel(pkey) ? (rows - row) % max_rows : 0;
         call(pkey, ref ? nullptr : (tail ? ks.prefill_tail_k : ks.prefill_full_k), c0, n, row,
              blocks, m_tail);

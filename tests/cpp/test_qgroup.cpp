@@ -232,10 +232,11 @@ void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<floa
                            key_for(p, KernelKind::gemm_prefill, 1, 4).variant, false);
   const bool halves = ks.tile_rows && half_strip_kernel(ks.tile_full) && p.M >= ks.tile_rows;
   auto call = [&](KernelKind kind, int m_r, int nv, int64_t s0, int64_t ns, int64_t row0,
-                  int64_t blocks, uint16_t extra = 0) {
+                  int64_t blocks, uint16_t extra = 0, int64_t m_tail = 0) {
     KernelKey key = key_for(p, kind, m_r, nv);
     key.variant |= extra;
     GemmArgs args{};
+    args.m_tail = m_tail;
     args.a = x.a.data() + row0 * x.lda;
     args.lda = x.lda;
     args.w = pk.w.data() + l.strip_offset(s0);
@@ -275,9 +276,11 @@ void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<floa
       call(KernelKind::gemm_prefill, ks.tile_rows, nv, s0, ns, 0, p.M / ks.tile_rows, kHalfStrips);
       row = p.M / ks.tile_rows * ks.tile_rows;
     }
-    if (p.M - row > max_rows) {
-      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, (p.M - row) / max_rows);
-      row += (p.M - row) / max_rows * max_rows;
+    if (p.M - row > max_rows) {  // the rows left run in the same call where the kernel takes them
+      const KernelKey pk = key_for(p, KernelKind::gemm_prefill, max_rows, nv);
+      const int64_t m_tail = tail_rows_kernel(pk) ? (p.M - row) % max_rows : 0;
+      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, (p.M - row) / max_rows, 0, m_tail);
+      row += (p.M - row) / max_rows * max_rows + m_tail;
     }
     if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
   }
