@@ -352,8 +352,9 @@ inline bool amx_int4_kernel(const KernelKey& key) {
 // the fp32 super-block partials or the lane / int32 folds: Q4_K, Q5_K and Q2_K, whose biases keep
 // them per group): in a call of two or more M blocks the first block's group ends store the
 // vectors they build to GemmArgs::scratch ([group][scale, bias][vector] fp32, 1 or 2 x n_vec x
-// 64 bytes a group), and the later blocks' group ends read them there. The same products in the same FMAs: the same bits.
-// On Zen 4 the vmulps of those products shared the pipes of the tile's 96 vpdpbusd a group.
+// 64 bytes a group), and the later blocks' group ends read them there. The same products in the
+// same FMAs: the same bits. On Zen 4 the vmulps of those products shared the pipes of the tile's
+// 96 vpdpbusd a group (docs/evidence/zen4_avx512.md, tools/coissue.cpp).
 inline bool qgroup_scale_scratch_kernel(const KernelKey& key) {
   return key.format == WeightFormat::qgroup && key.kind == KernelKind::gemm_prefill &&
          !isa_is_neon(key.isa) && int(key.isa) >= int(IsaLevel::avx512) &&

@@ -277,8 +277,8 @@ void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<floa
       row = p.M / ks.tile_rows * ks.tile_rows;
     }
     if (p.M - row > max_rows) {  // the rows left run in the same call where the kernel takes them
-      const KernelKey pk = key_for(p, KernelKind::gemm_prefill, max_rows, nv);
-      const int64_t m_tail = tail_rows_kernel(pk) ? (p.M - row) % max_rows : 0;
+      const KernelKey pkey = key_for(p, KernelKind::gemm_prefill, max_rows, nv);
+      const int64_t m_tail = tail_rows_kernel(pkey) ? (p.M - row) % max_rows : 0;
       call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, (p.M - row) / max_rows, 0, m_tail);
       row += (p.M - row) / max_rows * max_rows + m_tail;
     }
