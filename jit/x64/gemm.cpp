@@ -2183,20 +2183,73 @@ class GemmGenerator : public JitGenerator {
     L(done);
   }
 
+  // mxfp8's integer decode in the fused first block: per group the columns' exponent steps
+  // E = (stored - 135) << 7 as words (both of each column's dword) on the stack; per k pair the
+  // fp8 pair decode's gather and table lookups give each weight's bf16 magnitude (exact; zero as
+  // 0xc000), E is added, negatives (zero, and results below the bf16 range) become 0 and the sign
+  // is or-ed in: the top 16 bits of value * scale but where that is an fp32 subnormal, which
+  // vdpbf16ps reads as zero either way. Registers: tables' first halves 24-25, temporaries 26-31.
+  void mx8_scale_words(int v) {
+    const Zmm t(26);
+    vpmovzxbd(t, xword[reg_w + v * lanes_]);
+    vpshufb(t, t, zword[rip + c_dupw_]);
+    vpsllw(t, t, 7);
+    vpsubw(t, t, zword[rip + c_4380w_]);
+    vmovups(mx_scale(v), t);
+  }
+  template <class Use>
+  void mx8_word_decode(const RegExp& wm, Use use) {
+    const Zmm sgn(26), row0(27), p(28), lo(29), hi(30), w(31);
+    vmovdqu8(row0, zword[wm]);
+    for (int j = 0; 2 * j < nv_; ++j) {
+      vmovdqu8(p, zword[rip + c_fp8_idx_[j]]);
+      vpermi2b(p, row0, zword[wm + 64]);
+      vmovdqa64(lo, p);
+      vpermi2b(lo, Zmm(24), zword[rip + c_fp8_lut_[0] + 64]);
+      vmovdqa64(hi, p);
+      vpermi2b(hi, Zmm(25), zword[rip + c_mx8_hi_ + 64]);
+      for (int h = 0; h < 2 && 2 * j + h < nv_; ++h) {
+        const int v = 2 * j + h;
+        if (h == 0) {
+          vpunpcklbw(w, lo, hi);
+          vpunpcklbw(sgn, p, p);
+        } else {
+          vpunpckhbw(w, lo, hi);
+          vpunpckhbw(sgn, p, p);
+        }
+        vpaddw(w, w, mx_scale(v));
+        vpmaxsw(w, w, zword[rip + c_zero_]);
+        vpternlogd(w, sgn, zword[rip + c_8000w_], 0xf8);  // w | (the byte's sign at bit 15)
+        use(v, w);
+      }
+    }
+  }
+
   // The mx pair prefill's first block likewise (fused_first): per 32-k group the columns' scales
   // into zmm24-27, then per k pair and vector the decode of mx_fma_repack (e2m1 through vpermps
-  // with the table in memory, or e4m3 through fp16; times the scale; the top 16 bits as pairs)
-  // stored to the scratch and fed to the block's vdpbf16ps (accumulators zmm0-23); temporaries
-  // zmm28-29. Pairs go four at a time: one dword of nibbles per column holds 8 k (mxfp4).
+  // with the table in memory; times the scale; the top 16 bits as pairs) stored to the scratch
+  // and fed to the block's vdpbf16ps (accumulators zmm0-23); temporaries zmm28-29. Pairs go four
+  // at a time: one dword of nibbles per column holds 8 k (mxfp4). mxfp8 takes the integer decode
+  // above instead (mx8_word_decode): its fp16 route's vcvtph2ps and the two vmulps a vector took
+  // the vdpbf16ps pipes (tools/coissue.cpp).
   void k_loop_mx_fused(bool prefetch_next) {
     Label group, quad, done;
     const int cols = strip_cols();
+    const bool words = mx8_;  // mxfp8: integer bf16 decode (mx8_word_decode)
     mov(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));
     test(reg_tmp, reg_tmp);
     jle(done, T_NEAR);
+    if (words) {  // the first halves of the low-byte and (zero as 0xc0) high-byte tables
+      vmovdqu8(Zmm(24), zword[rip + c_fp8_lut_[0]]);
+      vmovdqu8(Zmm(25), zword[rip + c_mx8_hi_]);
+    }
     L(group);
     {
-      for (int v = 0; v < nv_; ++v) mx_scale_widen(Zmm(24 + v), reg_w + v * lanes_);
+      for (int v = 0; v < nv_; ++v)
+        if (words)
+          mx8_scale_words(v);
+        else
+          mx_scale_widen(Zmm(24 + v), reg_w + v * lanes_);
       add(reg_w, cols);
       mov(reg_tmp2, 4);  // quads of k pairs in a group of 16
       L(quad);
@@ -2204,6 +2257,13 @@ class GemmGenerator : public JitGenerator {
         if (prefetch_next)
           for (int off = 0; off < pair_pf_bytes(); off += 64)
             prefetcht1(ptr[reg_pf + p * pair_pf_bytes() + off]);
+        if (words) {
+          mx8_word_decode(reg_w + 2 * p * cols, [&](int v, const Zmm& w) {
+            if (fuse_store_) vmovups(zword[reg_sw + (p * nv_ + v) * 64], w);
+            for (int m = 0; m < mr_; ++m) vdpbf16ps(acc(m, v), w, ptr_b[a_row(m) + 4 * p]);
+          });
+          continue;
+        }
         for (int v = 0; v < nv_; ++v) {
           const Zmm e(28), o(29);
           if (mx4_) {  // this quad's dword of the column: nibbles k0 + 2p (e) and + 1 (o)
@@ -2674,7 +2734,9 @@ class GemmGenerator : public JitGenerator {
     for (int i = 0; i < 16; ++i) db(uint8_t(int(2.0f * mx_e2m1(uint8_t(i))) + 12));
     L(c_000f_);
     for (int i = 0; i < 16; ++i) dw(0x000f);
-    if (fp8p_ || mx8d_) emit_fp8_pair_constants();
+    if (fp8p_ || mx8d_ || (mxp_ && mx8_)) emit_fp8_pair_constants();
+    emit_const32(c_4380w_, 0x43804380u);  // (127 + 8) << 7 per word: mxfp8's exponent bias
+    emit_const32(c_8000w_, 0x80008000u);
   }
 
   // fp8 pair kernels: the low and high bytes of bf16(fp8_value(b)) for b = 0..127, and per 32
@@ -2691,6 +2753,9 @@ class GemmGenerator : public JitGenerator {
         db(uint8_t(bits >> (16 + 8 * half)));
       }
     }
+    align(64);
+    L(c_mx8_hi_);  // the high bytes again, zero as 0xc0 (mx8_word_decode)
+    for (int b = 0; b < 128; ++b) db(b ? uint8_t(f32_bits(fp8_value(uint8_t(b))) >> 24) : 0xc0);
     const int cols = strip_cols();
     for (int j = 0; 2 * j < nv_; ++j) {
       align(64);
@@ -2753,7 +2818,7 @@ class GemmGenerator : public JitGenerator {
   }
   Label c_dupw_, c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_,
       c_fp8_lut_[2], c_fp8_idx_[2];
-  Label c_f2p56_, c_f2p64_, c_e4m3_dw_;
+  Label c_f2p56_, c_f2p64_, c_e4m3_dw_, c_4380w_, c_8000w_, c_mx8_hi_;
   Label c_ones16_, c_f256_, c_f2m8_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6],
       c_bias_, c_one_;
 };

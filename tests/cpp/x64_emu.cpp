@@ -700,6 +700,17 @@ class Machine {
                                                    : get<uint16_t>(a, i) - get<uint16_t>(b, i)));
         write_vdst(rip, in, o[0], r, L);
         return;
+      case ZYDIS_MNEMONIC_VPMAXSW:
+      case ZYDIS_MNEMONIC_VPMINSW:
+        src(1, a);
+        src(2, b);
+        for (int i = 0; i < L / 2; ++i) {
+          const int16_t x = int16_t(get<uint16_t>(a, i)), y = int16_t(get<uint16_t>(b, i));
+          const bool take_x = mn == ZYDIS_MNEMONIC_VPMAXSW ? x > y : x < y;
+          put<uint16_t>(r, i, uint16_t(take_x ? x : y));
+        }
+        write_vdst(rip, in, o[0], r, L);
+        return;
       case ZYDIS_MNEMONIC_VPADDD:
       case ZYDIS_MNEMONIC_VPSUBD:
         lanes32([&](int i) {
