@@ -2735,8 +2735,13 @@ class GemmGenerator : public JitGenerator {
     L(c_000f_);
     for (int i = 0; i < 16; ++i) dw(0x000f);
     if (fp8p_ || mx8d_ || (mxp_ && mx8_)) emit_fp8_pair_constants();
-    emit_const32(c_4380w_, 0x43804380u);  // (127 + 8) << 7 per word: mxfp8's exponent bias
-    emit_const32(c_8000w_, 0x80008000u);
+    if (mxp_ && mx8_) {                     // mx8_word_decode's
+      emit_const32(c_4380w_, 0x43804380u);  // (127 + 8) << 7 per word: mxfp8's exponent bias
+      emit_const32(c_8000w_, 0x80008000u);
+      align(64);
+      L(c_mx8_hi_);  // fp8 pairs' high bytes again, zero as 0xc0
+      for (int b = 0; b < 128; ++b) db(b ? uint8_t(f32_bits(fp8_value(uint8_t(b))) >> 24) : 0xc0);
+    }
   }
 
   // fp8 pair kernels: the low and high bytes of bf16(fp8_value(b)) for b = 0..127, and per 32
@@ -2753,9 +2758,6 @@ class GemmGenerator : public JitGenerator {
         db(uint8_t(bits >> (16 + 8 * half)));
       }
     }
-    align(64);
-    L(c_mx8_hi_);  // the high bytes again, zero as 0xc0 (mx8_word_decode)
-    for (int b = 0; b < 128; ++b) db(b ? uint8_t(f32_bits(fp8_value(uint8_t(b))) >> 24) : 0xc0);
     const int cols = strip_cols();
     for (int j = 0; 2 * j < nv_; ++j) {
       align(64);
