@@ -2225,28 +2225,27 @@ class GemmGenerator : public JitGenerator {
     }
   }
 
-  // The mx pair prefill's first block likewise (fused_first): per 32-k group the columns' scales
-  // into zmm24-27, then per k pair and vector the decode of mx_fma_repack (e2m1 through vpermps
-  // with the table in memory; times the scale; the top 16 bits as pairs) stored to the scratch
-  // and fed to the block's vdpbf16ps (accumulators zmm0-23); temporaries zmm28-29. Pairs go four
-  // at a time: one dword of nibbles per column holds 8 k (mxfp4). mxfp8 takes the integer decode
-  // above instead (mx8_word_decode): its fp16 route's vcvtph2ps and the two vmulps a vector took
-  // the vdpbf16ps pipes (tools/coissue.cpp).
+  // The mx pair prefill's first block likewise (fused_first), four k pairs at a time. mxfp4: per
+  // 32-k group the columns' scales into zmm24-27, then per k pair and vector the decode of
+  // mx_fma_repack (e2m1 through vpermps with the table in memory; times the scale; the top 16
+  // bits as pairs; temporaries zmm28-29; one dword of nibbles per column holds 8 k). mxfp8: the
+  // integer decode above (mx8_word_decode; its fp16 route's vcvtph2ps and two vmulps a vector
+  // took the vdpbf16ps pipes, tools/coissue.cpp). Each pair is stored to the scratch and fed to
+  // the block's vdpbf16ps (accumulators zmm0-23).
   void k_loop_mx_fused(bool prefetch_next) {
     Label group, quad, done;
     const int cols = strip_cols();
-    const bool words = mx8_;  // mxfp8: integer bf16 decode (mx8_word_decode)
     mov(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));
     test(reg_tmp, reg_tmp);
     jle(done, T_NEAR);
-    if (words) {  // the first halves of the low-byte and (zero as 0xc0) high-byte tables
+    if (mx8_) {  // the first halves of the low-byte and (zero as 0xc0) high-byte tables
       vmovdqu8(Zmm(24), zword[rip + c_fp8_lut_[0]]);
       vmovdqu8(Zmm(25), zword[rip + c_mx8_hi_]);
     }
     L(group);
     {
       for (int v = 0; v < nv_; ++v)
-        if (words)
+        if (mx8_)
           mx8_scale_words(v);
         else
           mx_scale_widen(Zmm(24 + v), reg_w + v * lanes_);
@@ -2257,28 +2256,23 @@ class GemmGenerator : public JitGenerator {
         if (prefetch_next)
           for (int off = 0; off < pair_pf_bytes(); off += 64)
             prefetcht1(ptr[reg_pf + p * pair_pf_bytes() + off]);
-        if (words) {
-          mx8_word_decode(reg_w + 2 * p * cols, [&](int v, const Zmm& w) {
-            if (fuse_store_) vmovups(zword[reg_sw + (p * nv_ + v) * 64], w);
-            for (int m = 0; m < mr_; ++m) vdpbf16ps(acc(m, v), w, ptr_b[a_row(m) + 4 * p]);
-          });
+        auto feed = [&](int v, const Zmm& w) {  // to the scratch and the block's dot products
+          if (fuse_store_) vmovups(zword[reg_sw + (p * nv_ + v) * 64], w);
+          for (int m = 0; m < mr_; ++m) vdpbf16ps(acc(m, v), w, ptr_b[a_row(m) + 4 * p]);
+        };
+        if (mx8_) {
+          mx8_word_decode(reg_w + 2 * p * cols, feed);
           continue;
         }
-        for (int v = 0; v < nv_; ++v) {
-          const Zmm e(28), o(29);
-          if (mx4_) {  // this quad's dword of the column: nibbles k0 + 2p (e) and + 1 (o)
-            const Address raw = zword[reg_w + v * 64], table = zword[rip + c_e2m1_];
-            e2m1_widen(e.getIdx(), raw, 8 * p, table);
-            e2m1_widen(o.getIdx(), raw, 8 * p + 4, table);
-          } else {  // rows 2p and 2p + 1 of the quad's 8
-            e4m3_widen(e.getIdx(), reg_w + 2 * p * cols + v * lanes_);
-            e4m3_widen(o.getIdx(), reg_w + (2 * p + 1) * cols + v * lanes_);
-          }
+        for (int v = 0; v < nv_; ++v) {  // mxfp4: this quad's dword of the column, nibbles
+          const Zmm e(28), o(29);        // k0 + 2p (e) and + 1 (o)
+          const Address raw = zword[reg_w + v * 64], table = zword[rip + c_e2m1_];
+          e2m1_widen(e.getIdx(), raw, 8 * p, table);
+          e2m1_widen(o.getIdx(), raw, 8 * p + 4, table);
           vmulps(e, e, Zmm(24 + v));
           vmulps(o, o, Zmm(24 + v));
           bf16_pair_pack(e, o);
-          if (fuse_store_) vmovups(zword[reg_sw + (p * nv_ + v) * 64], e);
-          for (int m = 0; m < mr_; ++m) vdpbf16ps(acc(m, v), e, ptr_b[a_row(m) + 4 * p]);
+          feed(v, e);
         }
       }
       if (prefetch_next) add(reg_pf, 4 * pair_pf_bytes());
