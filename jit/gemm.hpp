@@ -95,8 +95,9 @@ struct GemmArgs {
   // are followed by one int8 sub-scale (then sub-bias) per column.
   int64_t g_per_super;
   int64_t s_per_strip;
-  // tail_rows_kernel prefill only: rows after the m_blocks blocks (0 .. m_r - 1), run by the
-  // same call over the same (decoded) strip (rows m_blocks * m_r onwards).
+  // tail_rows_kernel prefill only: rows after the m_blocks blocks (0 .. m_r - 1, or m_r + 1 for
+  // split_tail_kernel), run by the same call over the same (decoded) strip (rows m_blocks * m_r
+  // onwards).
   int64_t m_tail;
   // Prefill kernels: where the call's last strip prefetches "the next strip" (the first strip of
   // the matrix the caller runs next, e.g. the next expert's), or nullptr for the strip after it
@@ -326,6 +327,28 @@ inline bool tail_rows_kernel(const KernelKey& key) {
          qgroup_tail_rows_kernel(key) ||
          (key.isa == IsaLevel::avx512_bf16 && key.kind == KernelKind::gemm_prefill &&
           (bf16_pair_kernel(key) || fp8_pair_kernel(key) || mx_pair_kernel(key)));
+}
+// Of those, the int8 6-row kernels of the VNNI levels take m_tail = m_r + 1 = 7 too, as a 4-row
+// and a 3-row tile: a 1-row tile's K loop waits on L2 (4 weight vectors a step feed only 4
+// vpdpbusd), so its row cost about two (7 rows ran at 82 % of the peak with the weights in
+// cache, 8 rows at 97 %). Calls whose rows leave 1 after the blocks run one block fewer and
+// those 7 rows (prefill_split). (qgroup's 3-row tiles as 2 + 2 measured no faster at T = 256.)
+inline bool split_tail_kernel(const KernelKey& key) {
+  return int8_tail_prefetch_kernel(key) && key.m_r == 6;
+}
+
+// A prefill call over `rows` rows (the executor's, and the tests'): its m_blocks, and its m_tail
+// where the kernel takes the rows after the blocks (else they are left to decode tiles).
+struct PrefillSplit {
+  int64_t blocks, tail;
+};
+inline PrefillSplit prefill_split(const KernelKey& key, int64_t rows) {
+  PrefillSplit s{rows / key.m_r, tail_rows_kernel(key) ? rows % key.m_r : 0};
+  if (split_tail_kernel(key) && s.tail == 1 && s.blocks > 0) {
+    --s.blocks;
+    s.tail = key.m_r + 1;
+  }
+  return s;
 }
 // Rows a kernel call computes: m_blocks blocks of m_r rows (prefill; tail_rows_kernel then m_tail
 // more), or m_r (decode).

@@ -1040,13 +1040,12 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
       }
       if (rows - row > max_rows) {
         const KernelKey& pkey = tail ? ks.prefill_tail : ks.prefill_full;
-        const int64_t blocks = (rows - row) / max_rows;
         // int8 at the VNNI levels and qgroup at the AVX-512 ones take the rows left too
-        // (jit/gemm.hpp tail_rows_kernel)
-        const int64_t m_tail = tail_rows_kernel(pkey) ? (rows - row) % max_rows : 0;
+        // (jit/gemm.hpp tail_rows_kernel, prefill_split)
+        const PrefillSplit sp = prefill_split(pkey, rows - row);
         call(pkey, ref ? nullptr : (tail ? ks.prefill_tail_k : ks.prefill_full_k), c0, n, row,
-             blocks, m_tail);
-        row += blocks * max_rows + m_tail;
+             sp.blocks, sp.tail);
+        row += sp.blocks * max_rows + sp.tail;
       }
       if (rows > row) {
         auto [key, k] = tail ? pick(ks.decode_tail, ks.decode_tail_k, int(rows - row))

@@ -1,5 +1,9 @@
-// Microbenchmark of one generated INT8, INT4 or BF16 GEMM kernel with its weights hot in cache:
+// Microbenchmark of one generated INT8, INT4 or BF16 GEMM kernel, its weights hot or streamed:
 //   build/ktjit_kernel_bench [isa] [M] [N] [K] [epilogue: store|siluup|accum] [int8|int4|bf16]
+//                            [copies]
+// With copies > 1 the calls cycle over that many copies of the packed weights (an expert's
+// matrix each, e.g. N 2048 K 768 for Qwen3's down), so the weights stream from DRAM while the
+// rows and outputs stay in cache, as in a MoE layer; the default 1 keeps the weights hot.
 // Prints Gop/s next to the same run's peak of the instructions the kernel uses (vpdpbusd;
 // vpmaddubsw + vpmaddwd + vpaddd, or + vpaddw for int4's int16 sums; FMA for bf16). Speed is
 // judged here and in `kt-jit bench`, never in tests.
@@ -31,6 +35,7 @@ int main(int argc, char** argv) {
                        : epi_s == "accum" ? Epilogue::accum
                                           : Epilogue::store;
   const std::string fmt_s = argc > 6 ? argv[6] : "int8";
+  const int64_t copies = argc > 7 ? std::max<int64_t>(1, std::atoll(argv[7])) : 1;
   const bool int4 = fmt_s == "int4", bf16 = fmt_s == "bf16";
   if (!int4 && !bf16 && fmt_s != "int8") {
     std::fprintf(stderr, "format: expected int8, int4 or bf16, got %s\n", fmt_s.c_str());
@@ -46,7 +51,8 @@ int main(int argc, char** argv) {
                                              : 8,
                                       bf16 ? bf16_kgroup(isa) : 0);
   std::mt19937 rng(1);
-  AlignedBuffer wbuf(size_t(l.total_bytes()));  // the layer's weights are 64-byte aligned too
+  const size_t wbytes = size_t(l.total_bytes() + 63) / 64 * 64;
+  AlignedBuffer wbuf(wbytes * size_t(copies));  // the layer's weights are 64-byte aligned too
   int8_t* w = wbuf.as<int8_t>();
   std::vector<float> d(size_t(N), 0.01f), sc(size_t(l.total_cols()));
   std::vector<int32_t> comp(size_t(l.total_cols()));
@@ -62,6 +68,7 @@ int main(int argc, char** argv) {
     const float* ds[2] = {d.data(), d.data()};
     formats::pack_int8_strips(l, qs, ds, w, sc.data(), comp.data(), int4_offset_nibbles(isa, fmt));
   }
+  for (int64_t c = 1; c < copies; ++c) std::memcpy(w + size_t(c) * wbytes, w, wbytes);
   // Rows as the executor lays them out: int8 (every a is 1), or fp32 for bf16 with the row
   // stride moved off a multiple of 1 KiB (runtime/moe_layer.cpp unaliased_stride).
   int64_t lda = bf16 ? (l.padded_k() * 4 + 63) / 64 * 64 : l.padded_k();
@@ -96,11 +103,22 @@ int main(int argc, char** argv) {
   std::vector<int32_t> row_sums(size_t(M), int32_t(l.k));  // Σ_k a of each row (every a is 1)
   args.a_gsum = row_sums.data();
   auto fn = reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()));
-  const int64_t rows_done = M >= mr && key.kind == KernelKind::gemm_prefill ? M / mr * mr : M;
+  // prefill kernels that take the rows after their blocks (tail_rows_kernel) run all M, as in
+  // the layer; others the whole blocks
+  if (key.kind == KernelKind::gemm_prefill && !halves) {
+    const PrefillSplit sp = prefill_split(key, M);
+    args.m_blocks = sp.blocks;
+    args.m_tail = sp.tail;
+  }
+  const int64_t rows_done = gemm_call_rows(key, args);
   const double ops =
       2.0 * double(rows_done) * double(l.full_strips * l.strip_cols(4)) * double(l.padded_k());
   std::vector<double> t;
-  for (int rep = 0; rep < 200; ++rep) {
+  const int reps = int(std::max<int64_t>(200, 3 * copies));
+  for (int rep = 0; rep < reps; ++rep) {
+    args.w = w + size_t(rep % copies) * wbytes;
+    // the last strip prefetches the next matrix, as the executor asks (GemmArgs::pf_last)
+    args.pf_last = copies > 1 ? w + size_t((rep + 1) % copies) * wbytes : nullptr;
     auto t0 = std::chrono::steady_clock::now();
     fn(&args);
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -118,9 +136,10 @@ int main(int argc, char** argv) {
                                                    : "vpmaddubsw+vpmaddwd+vpaddd";
   const double peak = measure_peak_gops(isa, uint8_t(op), 5);
   std::printf(
-      "%s M=%lld N=%lld K=%lld: median %.1f Gop/s = %.0f%%, best %.1f Gop/s = %.0f%% of the "
+      "%s M=%lld N=%lld K=%lld x%lld: median %.1f Gop/s = %.0f%%, best %.1f Gop/s = %.0f%% of the "
       "same-run %s peak (%.1f Gop/s)\n",
       k->name.c_str(), (long long)rows_done, (long long)(l.full_strips * l.strip_cols(4)),
-      (long long)K, gops, 100 * gops / peak, best, 100 * best / peak, op_name, peak);
+      (long long)K, (long long)copies, gops, 100 * gops / peak, best, 100 * best / peak, op_name,
+      peak);
   return 0;
 }

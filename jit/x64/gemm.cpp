@@ -66,8 +66,11 @@ using namespace Xbyak::util;
 
 class GemmGenerator : public JitGenerator {
  public:
+  // Up to 128 KiB of code: a prefill kernel holds a tile for each way its blocks prefetch and
+  // for every tail size (the int8 siluup kernels at the VNNI levels pass 64 KiB). Only one
+  // tile's K loop runs at a time, so the size costs no instruction-cache misses in the loops.
   explicit GemmGenerator(const KernelKey& key)
-      : JitGenerator(key.isa),
+      : JitGenerator(key.isa, 128 * 1024),
         key_(key),
         lanes_(vec_lanes(key.isa)),
         nv_(key.n_vec),
@@ -401,6 +404,26 @@ class GemmGenerator : public JitGenerator {
           Label many, after;
           cmp(reg_mb, pf_blocks);
           jge(many, T_NEAR);
+          if (int8_tail_prefetch_kernel(key_)) {
+            // One block (6-11 rows): it prefetches the whole next strip, or, when a tail tile
+            // follows, 3/4 of it and the tail the rest (tail_rows below), so each asks for
+            // lines at about the rate it computes. An even split left a 1-row tail, whose K loop
+            // runs at a sixth of a block's time, asking DRAM for half the strip at once (7 rows
+            // ran at half the peak), and a block without a tail half the strip to demand misses.
+            Label two, tail_follows;
+            cmp(reg_mb, 1);
+            jne(two, T_NEAR);
+            cmp(arg(offsetof(GemmArgs, m_tail)), 0);
+            jne(tail_follows, T_NEAR);
+            pf_lines_ = pf_blocks;
+            block_loop(1);
+            jmp(after, T_NEAR);
+            L(tail_follows);
+            pf_lines_ = pf_blocks - pf_blocks / kOneBlockTailShare;
+            block_loop(1);
+            jmp(after, T_NEAR);
+            L(two);
+          }
           pf_lines_ = pf_blocks / kFewPrefetchBlocks;
           block_loop(kFewPrefetchBlocks);
           pf_lines_ = 1;
@@ -414,13 +437,15 @@ class GemmGenerator : public JitGenerator {
         L(mb_done);
         if (tail_rows_kernel(key_)) {
           if (int8_tail_prefetch_kernel(key_) && pf_blocks > kFewPrefetchBlocks) {
-            // After fewer than kFewPrefetchBlocks blocks (the many-block branch ran at least
-            // pf_blocks) the tail tile goes on prefetching the next strip where they stopped.
+            // After one block the tail tile prefetches the rest of the next strip (its
+            // 1 / kOneBlockTailShare, from where the block stopped); after more (the few-block
+            // branch's first two prefetched it all) nothing. (The executor calls these kernels
+            // with at least one block.)
             Label no_pf, tail_done;
-            cmp(reg_row, kFewPrefetchBlocks * mr_);
-            jge(no_pf, T_NEAR);
-            pf_lines_ = pf_blocks / kFewPrefetchBlocks;
-            tail_rows(true);
+            cmp(reg_row, mr_);
+            jg(no_pf, T_NEAR);
+            pf_lines_ = pf_blocks / kOneBlockTailShare;
+            tail_rows(true, pf_blocks);
             pf_lines_ = 1;
             jmp(tail_done, T_NEAR);
             L(no_pf);
@@ -517,7 +542,10 @@ class GemmGenerator : public JitGenerator {
   // rows would otherwise run the decode tiles, which decode every weight again); the vdpbf16ps
   // pair kernels the strip in place or, fp8, its decoded pairs (their callers would otherwise pad
   // the last block with zero rows); int8 the strip in place.
-  void tail_rows(bool prefetch_next) {
+  // split_tail_kernel: m_tail = m_r + 1 (7) runs as a 4-row and a 3-row tile. Prefetching,
+  // after a block they share its tail's pf_lines_; with no block before them (a 7-row call) they
+  // prefetch the whole next strip, pf_all lines a site between them.
+  void tail_rows(bool prefetch_next, int pf_all = 0) {
     Label done;
     const int rows = mr_;
     if (fused_first()) {  // a call of no block: the tail tile decodes the strip, stores nothing,
@@ -553,6 +581,39 @@ class GemmGenerator : public JitGenerator {
       mr_ = t;
       compute_block(prefetch_next);
       mr_ = rows;
+      jmp(done, T_NEAR);
+      L(next);
+    }
+    if (split_tail_kernel(key_)) {
+      Label next;
+      cmp(arg(offsetof(GemmArgs, m_tail)), rows + 1);
+      jne(next, T_NEAR);
+      const int tail_lines = pf_lines_, r0 = (rows + 2) / 2, r1 = (rows + 1) / 2;
+      auto split = [&](int pf0, int pf1) {  // lines a prefetch site for each tile
+        mov(reg_w, reg_strip);
+        mr_ = r0;
+        pf_lines_ = pf0;
+        compute_block(prefetch_next && pf0 > 0);
+        add(reg_row, r0);
+        mov(reg_w, reg_strip);
+        mr_ = r1;
+        pf_lines_ = pf1;
+        compute_block(prefetch_next && pf1 > 0);
+        sub(reg_row, r0);
+        mr_ = rows;
+        pf_lines_ = tail_lines;
+      };
+      if (prefetch_next) {
+        Label after_block;
+        test(reg_row, reg_row);
+        jnz(after_block, T_NEAR);
+        split(pf_all - pf_all * r1 / (rows + 1), pf_all * r1 / (rows + 1));  // as their rows
+        jmp(done, T_NEAR);
+        L(after_block);
+        split(tail_lines - tail_lines / 2, tail_lines / 2);
+      } else {
+        split(0, 0);
+      }
       jmp(done, T_NEAR);
       L(next);
     }
@@ -647,6 +708,10 @@ class GemmGenerator : public JitGenerator {
   // Calls of fewer blocks than that prefetch the next strip from their first kFewPrefetchBlocks
   // blocks, pf_lines_ lines at each prefetch site (generate()).
   static constexpr int kFewPrefetchBlocks = 2;
+  // int8 at the VNNI levels: of a one-block call's next strip, the tail tile after the block
+  // prefetches this share (1 / 4: a 1-5 row tile's K loop runs at about 2-5 rows' time, L2
+  // bound below 2), the block the rest.
+  static constexpr int kOneBlockTailShare = 4;
   int pf_lines_ = 1;
   // fp8: K steps in groups that share one scale per strip half; within a group as k_loop.
   void k_loop_fp8(bool prefetch_next) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <sstream>
 #include <tuple>
 
@@ -215,12 +216,12 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
       row = p.M;
     }
     if (p.M - row > max_rows || (p.fp8_pairs() && p.M >= Problem::kPairTileRows)) {
-      const int64_t blocks = (p.M - row) / max_rows;
       KernelKey pkey = key_for(p.isa, KernelKind::gemm_prefill, max_rows, nv, p.epi, p.fmt);
       if (p.fp8_pairs()) pkey.variant = kBf16Pairs;
-      const int64_t m_tail = tail_rows_kernel(pkey) ? (p.M - row) % max_rows : 0;
-      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, blocks, 0, m_tail);
-      row += blocks * max_rows + m_tail;
+      // (int8 at the VNNI levels: 1 row after the blocks goes with the last as 4 + 3 rows)
+      const PrefillSplit sp = prefill_split(pkey, p.M - row);
+      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, sp.blocks, 0, sp.tail);
+      row += sp.blocks * max_rows + sp.tail;
     }
     if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
   }
@@ -236,8 +237,11 @@ Outputs make_outputs(int64_t M, int64_t stride, uint32_t seed) {
   Outputs o;
   o.stride = stride;
   o.buf = test::random_floats(size_t(M * stride), seed, 0.5f);
-  // Rows in a scrambled order, as the down epilogue scatters to tokens.
-  for (int64_t m = 0; m < M; ++m) o.rows.push_back(o.buf.data() + ((m * 7) % M) * stride);
+  // Rows in a scrambled order, as the down epilogue scatters to tokens: a step of 7, or the next
+  // one prime to M, so the order is a permutation for every M.
+  int64_t step = 7;
+  while (std::gcd(step, M) != 1) ++step;
+  for (int64_t m = 0; m < M; ++m) o.rows.push_back(o.buf.data() + ((m * step) % M) * stride);
   return o;
 }
 
@@ -510,9 +514,10 @@ TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
 }
 
 // int8 prefill at the AVX-512 VNNI levels runs the rows after its 6-row blocks as the call's
-// short tile (jit/gemm.hpp int8_tail_prefetch_kernel), every tail size 1-5, after one block
-// (the tail tile prefetches the rest of the next strip) and after more; the sweep above meets
-// only tails of 4 and 5.
+// short tile (jit/gemm.hpp int8_tail_prefetch_kernel), every tail size 2-5, after one block
+// (the tail tile prefetches the rest of the next strip) and after more, and a last row as a
+// 4-row and a 3-row tile with the block before it (split_tail_kernel, prefill_split) after
+// no block, one and two; the sweep above meets only tails of 4 and 5.
 TEST(Gemm, Int8VnniTailRowsBitwise) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "x86 kernels";
@@ -526,9 +531,9 @@ TEST(Gemm, Int8VnniTailRowsBitwise) {
     ASSERT_EQ(gemm_max_rows(isa), 6);
     std::vector<std::string> names;
     for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
-      // tails 2, 3, 4, 5 after one block; 0, 1, 5 after two; 5, 3 after three and four (no
-      // multiple of 7: make_outputs scrambles rows by 7)
-      for (int64_t M : {8, 9, 10, 11, 12, 13, 17, 23, 27})
+      // tails 2, 3, 4, 5 after one block; 0, 5 after two; 5, 3 after three and four; 4 + 3
+      // after none, one, two and three
+      for (int64_t M : {8, 9, 10, 11, 12, 17, 23, 27, 7, 13, 19, 25})
         for (int64_t N : {16, 100})
           for (int64_t K : {64, 130}) {
             check_problem({isa, WeightFormat::int8, epi, M, N, K, seed++}, &names);
@@ -536,6 +541,9 @@ TEST(Gemm, Int8VnniTailRowsBitwise) {
             ++checked;
           }
     EXPECT_GT(test::count_containing(names, "gemm_prefill_int8"), 0u) << isa_name(isa);
+    EXPECT_TRUE(split_tail_kernel(pkey));
+    EXPECT_EQ(prefill_split(pkey, 13).blocks, 1);
+    EXPECT_EQ(prefill_split(pkey, 13).tail, 7);
   }
   if (checked == 0) GTEST_SKIP() << "neither avx512_vnni nor avx512_bf16 runs here";
 }
