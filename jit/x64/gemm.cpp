@@ -439,8 +439,8 @@ class GemmGenerator : public JitGenerator {
           if (int8_tail_prefetch_kernel(key_) && pf_blocks > kFewPrefetchBlocks) {
             // After one block the tail tile prefetches the rest of the next strip (its
             // 1 / kOneBlockTailShare, from where the block stopped); after more (the few-block
-            // branch's first two prefetched it all) nothing. (The executor calls these kernels
-            // with at least one block.)
+            // branch's first two prefetched it all) nothing. The executor's calls without a
+            // block are 7-row ones, whose split tiles prefetch the whole strip (tail_rows).
             Label no_pf, tail_done;
             cmp(reg_row, mr_);
             jg(no_pf, T_NEAR);
