@@ -1,9 +1,12 @@
 // Microbenchmark of one generated INT8, INT4 or BF16 GEMM kernel, its weights hot or streamed:
 //   build/ktjit_kernel_bench [isa] [M] [N] [K] [epilogue: store|siluup|accum] [int8|int4|bf16]
-//                            [copies]
+//                            [copies] [scatter]
 // With copies > 1 the calls cycle over that many copies of the packed weights (an expert's
 // matrix each, e.g. N 2048 K 768 for Qwen3's down), so the weights stream from DRAM while the
-// rows and outputs stay in cache, as in a MoE layer; the default 1 keeps the weights hot.
+// rows and outputs stay in cache, as in a MoE layer; the default 1 keeps the weights hot. With
+// scatter = T > M the output rows are instead M of T rows (a random set, 32 sets cycled call by
+// call) of a T x N fp32 buffer allocated as the layer's partial rows are, so each call writes
+// rows it has not touched lately, as down writes its tokens' rows in a layer at T tokens.
 // Prints Gop/s next to the same run's peak of the instructions the kernel uses (vpdpbusd;
 // vpmaddubsw + vpmaddwd + vpaddd, or + vpaddw for int4's int16 sums; FMA for bf16). Speed is
 // judged here and in `kt-jit bench`, never in tests.
@@ -36,6 +39,7 @@ int main(int argc, char** argv) {
                                           : Epilogue::store;
   const std::string fmt_s = argc > 6 ? argv[6] : "int8";
   const int64_t copies = argc > 7 ? std::max<int64_t>(1, std::atoll(argv[7])) : 1;
+  const int64_t scatter = argc > 8 ? std::atoll(argv[8]) : 0;
   const bool int4 = fmt_s == "int4", bf16 = fmt_s == "bf16";
   if (!int4 && !bf16 && fmt_s != "int8") {
     std::fprintf(stderr, "format: expected int8, int4 or bf16, got %s\n", fmt_s.c_str());
@@ -83,6 +87,22 @@ int main(int argc, char** argv) {
   std::vector<float> as(size_t(M), 0.01f), rw(size_t(M), 0.5f), out(size_t(M * l.total_cols()));
   std::vector<float*> rows;
   for (int64_t m = 0; m < M; ++m) rows.push_back(out.data() + m * l.total_cols());
+  constexpr int kScatterSets = 32;
+  AlignedBuffer partial;  // huge pages from 2 MiB on, as the layer's scratch (moe_layer.cpp)
+  if (scatter > M) {
+    const int64_t stride = l.total_cols() + 64;
+    partial = AlignedBuffer(size_t(scatter * stride) * 4);
+    std::memset(partial.as<float>(), 0, size_t(scatter * stride) * 4);
+    std::vector<int64_t> tokens(static_cast<size_t>(scatter));
+    for (int64_t t = 0; t < scatter; ++t) tokens[size_t(t)] = t;
+    rows.clear();
+    for (int set = 0; set < kScatterSets; ++set) {
+      std::shuffle(tokens.begin(), tokens.end(), rng);
+      std::sort(tokens.begin(), tokens.begin() + M);  // an expert's rows in token order
+      for (int64_t m = 0; m < M; ++m)
+        rows.push_back(partial.as<float>() + tokens[size_t(m)] * stride);
+    }
+  }
   // The executor's half-strip tiles where it runs them (avx2 int4, unless KT_JIT_HALF_STRIPS=0),
   // else its prefill (or, for M up to a tile, decode) kernel.
   const GemmKernelSet ks = make_gemm_kernel_set(isa, fmt, epi, 0, 0, K % 2 == 0);
@@ -117,6 +137,7 @@ int main(int argc, char** argv) {
   const int reps = int(std::max<int64_t>(200, 3 * copies));
   for (int rep = 0; rep < reps; ++rep) {
     args.w = w + size_t(rep % copies) * wbytes;
+    if (scatter > M) args.out_rows = rows.data() + (rep % kScatterSets) * M;
     // the last strip prefetches the next matrix, as the executor asks (GemmArgs::pf_last)
     args.pf_last = copies > 1 ? w + size_t((rep + 1) % copies) * wbytes : nullptr;
     auto t0 = std::chrono::steady_clock::now();
