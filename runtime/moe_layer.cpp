@@ -123,15 +123,23 @@ SourceDType parse_source_dtype(const std::string& s) {
   throw std::invalid_argument("dtype: expected f32, bf16 or f16, got '" + s + "'");
 }
 
-AlignedBuffer::AlignedBuffer(size_t bytes) : n_(bytes) {
-  if (bytes == 0) return;
-  // Large buffers (packed weights) are 2 MiB aligned and advised for transparent huge pages.
+namespace {
+// `bytes` (> 0) 64-byte aligned or, from 2 MiB on, 2 MiB aligned and advised for transparent huge
+// pages (with THP in "madvise" mode, the usual default, nothing else gets them); std::free frees.
+void* alloc_maybe_huge(size_t bytes) {
   constexpr size_t kHuge = size_t(2) << 20;
   const size_t align = bytes >= kHuge ? kHuge : 64;
   const size_t alloc = size_t(round_up(int64_t(bytes), int64_t(align)));
-  p_ = std::aligned_alloc(align, alloc);
-  if (!p_) throw std::bad_alloc();
-  if (align == kHuge) madvise(p_, alloc, MADV_HUGEPAGE);
+  void* p = std::aligned_alloc(align, alloc);
+  if (!p) throw std::bad_alloc();
+  if (align == kHuge) madvise(p, alloc, MADV_HUGEPAGE);
+  return p;
+}
+}  // namespace
+
+AlignedBuffer::AlignedBuffer(size_t bytes) : n_(bytes) {
+  if (bytes == 0) return;
+  p_ = alloc_maybe_huge(bytes);  // packed weights: huge pages
 }
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
@@ -143,6 +151,36 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
 AlignedBuffer::~AlignedBuffer() {
   std::free(p_);
 }
+
+namespace {
+// The forward's large scratch on huge pages too (alloc_maybe_huge): the partial rows that down's
+// tiles read-modify-write, T x H fp32 scattered by token (34 MB at Qwen3 T = 4096, beyond the
+// 12 MB a Zen 4's L2 TLB maps with 4 KiB pages), the gathered activation rows and h. Qwen3's down
+// kernel alone writing 256 rows scattered over 34 MB (ktjit_kernel_bench ... accum int8 128 4096)
+// ran at 83-86 % of the vpdpbusd peak on 4 KiB pages, 90-92 % on 2 MiB ones, 91-94 % into
+// contiguous rows; the Qwen3 T = 4096 layer 1.5-3 % faster (docs/BENCHMARKS.md).
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(alloc_maybe_huge(std::max<size_t>(1, n) * sizeof(T)));
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <class U>
+  bool operator==(const HugePageAllocator<U>&) const {
+    return true;
+  }
+  template <class U>
+  bool operator!=(const HugePageAllocator<U>&) const {
+    return false;
+  }
+};
+template <class T>
+using HugeVector = std::vector<T, HugePageAllocator<T>>;
+}  // namespace
 
 // Per-forward working memory, grown on demand and reused by every later forward. The routing is
 // shared by every pool (read-only inside the pools' job); each pool has its own quantized
@@ -157,12 +195,13 @@ struct MoELayer::Scratch {
   int64_t T = 0, rows = 0, lda_x = 0, p_stride = 0;
   bool decode = false;  // every expert fits one decode tile (see forward())
   struct PerPool {
-    std::vector<int8_t> xq, aq;  // tokens quantized once, then gathered per row (prefill)
+    HugeVector<int8_t> xq, aq;  // tokens quantized once, then gathered per row (prefill)
     std::vector<float> xs, as;
   };
   struct PerShard {
-    std::vector<float> h, hs, partial;  // partial: [T, p_stride] fp32
-    std::vector<int8_t> hq;
+    HugeVector<float> h, partial;  // partial: [T, p_stride] fp32
+    std::vector<float> hs;
+    HugeVector<int8_t> hq;
     std::vector<float*> h_rows, out_rows;
     int64_t h_stride = 0, lda_h = 0;
     std::vector<int64_t> gu_cost;  // prefix sums of the gate/up work units' cost
