@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   constexpr int kScatterSets = 32;
   AlignedBuffer partial;  // huge pages from 2 MiB on, as the layer's scratch (moe_layer.cpp)
   if (scatter > M) {
-    const int64_t stride = l.total_cols() + 64;
+    const int64_t stride = l.total_cols() + 16;  // off a multiple of 1 KiB, as the layer's
     partial = AlignedBuffer(size_t(scatter * stride) * 4);
     std::memset(partial.as<float>(), 0, size_t(scatter * stride) * 4);
     std::vector<int64_t> tokens(static_cast<size_t>(scatter));
