@@ -229,6 +229,15 @@ def _system_lines() -> List[str]:
     thp = _read("/sys/kernel/mm/transparent_hugepage/enabled") or "unavailable"
     defrag = _read("/sys/kernel/mm/transparent_hugepage/defrag") or "unavailable"
     lines.append(f"transparent huge pages: enabled {thp}; defrag {defrag}")
+    if "[never]" in thp:
+        # kt-jit advises its packed weights and its forward scratch from 2 MiB on for huge pages
+        # (MADV_HUGEPAGE); with THP off they sit on 4 KiB pages, and the scattered partial rows of
+        # large prefill batches cost TLB misses (docs/BENCHMARKS.md: ~2-3 % at T = 4096)
+        lines.append(
+            "note: transparent huge pages are off, so kt-jit's weights and scratch get 4 KiB "
+            "pages; `echo madvise > /sys/kernel/mm/transparent_hugepage/enabled` (as root) "
+            "lets them have huge pages"
+        )
     meminfo = {
         x.split(":")[0]: x.split(":")[1].strip()
         for x in _read("/proc/meminfo").splitlines()

@@ -410,6 +410,25 @@ def test_doctor_cli(tmp_path):
     assert "huge pages:" in proc.stdout
 
 
+def test_doctor_notes_thp_off(monkeypatch):
+    """With transparent huge pages off, the system section says what that costs and how to
+    turn them on; in madvise mode it says nothing more."""
+    from kt_jit import cli
+
+    state = {"thp": "always madvise [never]"}
+
+    def fake_read(path):
+        if path.endswith("transparent_hugepage/enabled"):
+            return state["thp"]
+        return ""
+
+    monkeypatch.setattr(cli, "_read", fake_read)
+    lines = cli._system_lines()
+    assert any(x.startswith("note: transparent huge pages are off") for x in lines), lines
+    state["thp"] = "always [madvise] never"
+    assert not any(x.startswith("note:") for x in cli._system_lines())
+
+
 def test_startup_log_line(tmp_path):
     """The start-up line is visible by default (stderr) and KT_JIT_LOG_LEVEL=WARNING silences it."""
     code = (
