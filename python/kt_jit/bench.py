@@ -631,6 +631,18 @@ def _routing(torch, t: int, e: int, k: int, gen):
     return ids, w
 
 
+def _thp_mode(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str:
+    """The transparent-huge-page mode in force ("always", "madvise", "never"), or "unavailable".
+    kt-jit advises its weights and large scratch for huge pages, so "never" costs TLB misses."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return "unavailable"
+    m = re.search(r"\[(\w+)\]", text)
+    return m.group(1) if m else "unavailable"
+
+
 def _fmt(v: float, digits: int = 1) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -1322,7 +1334,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"# kt-jit MoE benchmark: {shape['name']}, {wname} ({args.method}), "
                 f"{threads} thread(s)",
                 "",
-                f"- machine: {brand} ({os.cpu_count()} CPUs visible, L3 {l3 / 2**20:.1f} MiB)",
+                f"- machine: {brand} ({os.cpu_count()} CPUs visible, L3 {l3 / 2**20:.1f} MiB, "
+                f"THP {_thp_mode()})",
                 f"- ISA: {isa}; method {args.method}; threads {threads}",
                 f"- date: {date}",
                 f"- command: `{command}`",
@@ -1348,6 +1361,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "isa": isa,
                 "cpus": os.cpu_count(),
                 "l3_bytes": l3,
+                "thp": _thp_mode(),
                 "features": {
                     k: v for k, v in feats.items() if isinstance(v, (bool, int, float, str))
                 },

@@ -101,3 +101,17 @@ def test_measure_peak_threads_binding():
     assert _core.measure_peak_threads("peak_fma_gflops", 2) > 0
     with pytest.raises(ValueError, match="unknown peak"):
         _core.measure_peak_threads("peak_nope", 2)
+
+
+def test_thp_mode_reads_the_bracketed_choice(tmp_path):
+    """The bench's machine line names the transparent-huge-page mode the run had."""
+    from kt_jit.bench import _thp_mode
+
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert _thp_mode(str(f)) == "madvise"
+    f.write_text("[always] madvise never\n")
+    assert _thp_mode(str(f)) == "always"
+    f.write_text("garbage\n")
+    assert _thp_mode(str(f)) == "unavailable"
+    assert _thp_mode(str(tmp_path / "missing")) == "unavailable"
