@@ -182,7 +182,10 @@ template <class T>
 using HugeVector = std::vector<T, HugePageAllocator<T>>;
 }  // namespace
 
-// Per-forward working memory, grown on demand and reused by every later forward. The routing is
+// Per-forward working memory, grown on demand and reused by every later forward of every layer
+// (one per process: shared_scratch; 4 Qwen3 layers' first T = 4096 forwards grew the process by
+// 928 MB with one per layer, 232 MB with one in all, and DeepSeek-V3 T = 256 over 4 rotated layers
+// ran at 90-94 % of the vpdpbusd peak instead of 79-85 %, the scratch staying warm). The routing is
 // shared by every pool (read-only inside the pools' job); each pool has its own quantized
 // activations (prefill) and each shard its own intermediate, partial output and work split, so
 // pools running at once never write the same memory.
@@ -253,7 +256,7 @@ std::vector<int64_t> MoELayer::grouped_shard_bounds(int64_t intermediate, int64_
 MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
                    const std::vector<int64_t>& shard_bounds, const formats::GroupedSpec* gu,
                    const formats::GroupedSpec* down)
-    : shape_(shape), method_(method), isa_(isa), scratch_(std::make_unique<Scratch>()) {
+    : shape_(shape), method_(method), isa_(isa) {
   if (shape.experts <= 0 || shape.top_k <= 0 || shape.hidden <= 0 || shape.intermediate <= 0)
     throw std::invalid_argument(
         "MoELayer: num_experts, top_k, hidden and intermediate must be > 0");
@@ -363,6 +366,16 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
 }
 
 MoELayer::~MoELayer() = default;
+
+MoELayer::Scratch& MoELayer::shared_scratch() {
+  static Scratch s;
+  return s;
+}
+
+std::mutex& MoELayer::shared_scratch_mutex() {
+  static std::mutex m;
+  return m;
+}
 
 WeightFormat method_format(const std::string& method) {
   if (method == "AMXINT8" || method == "MOE_INT8") return WeightFormat::int8;
@@ -1132,7 +1145,10 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
   if (!loaded_) throw std::runtime_error("MoELayer.forward: weights are not loaded");
   if (T <= 0) return;
   const int64_t E = shape_.experts, K = shape_.top_k, H = shape_.hidden;
-  Scratch& s = *scratch_;
+  // Every layer's forward takes the one scratch in turn (after its own lock; nothing takes them
+  // the other way round), and lays out all of it anew, so a layer never sees another's sizes.
+  std::lock_guard<std::mutex> scratch_lock(shared_scratch_mutex());
+  Scratch& s = shared_scratch();
   // Route: tokens per expert, rows grouped by expert in token order.
   s.count.assign(size_t(E), 0);
   for (int64_t i = 0; i < T * K; ++i) {

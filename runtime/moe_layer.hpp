@@ -263,7 +263,11 @@ class MoELayer {
   // pool s % pools (they are placed at first touch, by that pool's packing threads).
   void ensure_allocated(ThreadPool* pool = nullptr);
   void mark_loaded(int shard, int64_t slot);
-  std::unique_ptr<Scratch> scratch_;
+  // The forward's working memory is one per process, not one per layer (moe_layer.cpp
+  // shared_scratch): a model's layers run one after another, and per-layer buffers sized by the
+  // largest batch each had seen held hundreds of MB a layer at long prefill chunks.
+  static Scratch& shared_scratch();
+  static std::mutex& shared_scratch_mutex();
   std::mutex mu_;
 };
 
