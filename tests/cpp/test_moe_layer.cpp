@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "kernel_exec.hpp"
 #include "runtime/moe_layer.hpp"
@@ -238,6 +240,32 @@ TEST(MoELayer, UnevenShardsMatchReferenceAndOneShard) {
   }
   EXPECT_THROW(MoELayer(c.shape, "BF16", IsaLevel::ref, std::vector<int64_t>{0, 40, 30, 88}),
                std::invalid_argument);
+}
+
+TEST(MoELayer, LayersShareTheForwardScratchSafely) {
+  // Every layer's forward takes one per-process scratch in turn (moe_layer.cpp shared_scratch):
+  // two layers of different shapes and methods on their own pools, run from two threads at once
+  // and interleaved at different T, give the bits each gives alone.
+  if (test::runnable_levels().empty()) GTEST_SKIP() << "this CPU runs no generated x86 level";
+  const IsaLevel isa = test::runnable_levels().back();
+  const Case ca{{16, 4, 576, 352}, 300}, cb{{12, 2, 448, 256}, 200};
+  ThreadPool pa(1, 1), pb(1, 1);
+  const Data da = make_data(ca, 5), db = make_data(cb, 6);
+  MoELayer la(ca.shape, "AMXINT8", isa), lb(cb.shape, "BF16", isa);
+  la.load_from_float(da.gate.data(), da.up.data(), da.down.data(), SourceDType::f32, nullptr, pa);
+  lb.load_from_float(db.gate.data(), db.up.data(), db.down.data(), SourceDType::f32, nullptr, pb);
+  const std::vector<float> wa = run(la, ca, da, pa, false), wb = run(lb, cb, db, pb, false);
+  std::atomic<int> bad{0};
+  auto loop = [&](MoELayer& l, const Case& c, const Data& d, ThreadPool& p,
+                  const std::vector<float>& want) {
+    for (int i = 0; i < 60; ++i)
+      if (run(l, c, d, p, false) != want) ++bad;
+  };
+  std::thread ta(loop, std::ref(la), std::cref(ca), std::cref(da), std::ref(pa), std::cref(wa));
+  std::thread tb(loop, std::ref(lb), std::cref(cb), std::cref(db), std::ref(pb), std::cref(wb));
+  ta.join();
+  tb.join();
+  EXPECT_EQ(bad.load(), 0) << isa_name(isa);
 }
 
 }  // namespace

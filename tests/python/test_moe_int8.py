@@ -318,3 +318,37 @@ def test_selected_isa_is_runnable():
     assert isinstance(feats, dict) and "isa" in feats and "detected_isa" in feats
     if not os.environ.get("KT_JIT_ISA"):
         assert kt_jit.__isa__ == runnable[0]
+
+
+def test_layers_share_the_forward_scratch_safely(ref):
+    """All layers' forwards take one per-process scratch in turn (runtime/moe_layer.cpp
+    shared_scratch, laid out anew each forward): two layers of different shapes and methods,
+    forwards interleaved at growing and shrinking T, give each layer the bits it gives alone.
+    (Concurrent forwards: tests/cpp/test_moe_layer.cpp LayersShareTheForwardScratchSafely; the
+    binding runs one forward at a time.)"""
+    _core.init_pool(ref.THREADS, ref.POOLS)
+    shapes = [(16, 4, 576, 352, "AMXINT8"), (8, 2, 320, 192, "AMXINT4")]
+    layers, cases = [], []
+    for li, (e, k, h, i, method) in enumerate(shapes):
+        g = torch.Generator().manual_seed(20 + li)
+        src = [torch.randn(*sh, generator=g) * 0.05 for sh in ((e, i, h), (e, i, h), (e, h, i))]
+        layer = _core.MoELayer(e, k, h, i, method, _core.isa())
+        layer.load_from_float(src[0].data_ptr(), src[1].data_ptr(), src[2].data_ptr(), "f32", 0)
+        layers.append((layer, h))
+        for t in (300, 1, 40):
+            x = torch.randn(t, h, generator=g)
+            ids, w = make_routing(t, e, k, seed=t + li)
+            cases.append((li, x, ids, w))
+
+    def forward(idx):
+        li, x, ids, w = cases[idx]
+        layer, h = layers[li]
+        out = torch.empty(x.shape[0], h)
+        layer.forward(x.shape[0], x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr())
+        return out
+
+    # each case alone first, then interleaved: large T on one layer, small on the other
+    alone = [forward(idx) for idx in range(len(cases))]
+    order = list(range(len(cases)))
+    for idx in order + order[::-1]:
+        assert torch.equal(forward(idx), alone[idx]), idx
