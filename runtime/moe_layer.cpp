@@ -367,14 +367,16 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
 
 MoELayer::~MoELayer() = default;
 
+// Never destroyed (the process's exit frees it): a serving thread still in a forward while static
+// objects are torn down at exit must not find them gone.
 MoELayer::Scratch& MoELayer::shared_scratch() {
-  static Scratch s;
-  return s;
+  static Scratch* s = new Scratch();
+  return *s;
 }
 
 std::mutex& MoELayer::shared_scratch_mutex() {
-  static std::mutex m;
-  return m;
+  static std::mutex* m = new std::mutex();
+  return *m;
 }
 
 WeightFormat method_format(const std::string& method) {
