@@ -547,6 +547,35 @@ def _onednn_verbose(binary: str, dtype: str, shape: str, env: Dict) -> Dict:
     return {"verbose_isa": isa, "verbose_impl": impl}
 
 
+def fp8_quantize(torch, w, block: bool):
+    """[E, n, k] weights as e4m3 the way FP8 checkpoints are made (DeepSeek-V3's recipe): per
+    128 x 128 block (or per row) the scale is amax / 448, so each block's largest weight is 448
+    and its codes span the format's range (zero-exponent codes are then rare, about 1e-4 of
+    Gaussian weights). Returns (e4m3 [E, n, k], scales [E, n/128, k/128] or [E, n])."""
+    E, n, k = w.shape
+    q = torch.empty(E, n, k, dtype=torch.float8_e4m3fn)
+    if block:
+        nb, kb = (n + 127) // 128, (k + 127) // 128
+        scales = torch.empty(E, nb, kb)
+    else:
+        scales = torch.empty(E, n)
+    for e in range(E):  # an expert at a time: a DeepSeek-V3 layer is 1.4 G weights
+        x = w[e].float()
+        if block:
+            pad = torch.zeros(nb * 128, kb * 128)
+            pad[:n, :k] = x.abs()
+            amax = pad.view(nb, 128, kb, 128).amax(dim=(1, 3))
+            sc = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+            full = sc.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+        else:
+            amax = x.abs().amax(dim=1)
+            sc = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+            full = sc[:, None]
+        q[e] = (x / full).clamp(-448, 448).to(torch.float8_e4m3fn)
+        scales[e] = sc
+    return q, scales
+
+
 def _load_layer(layer, method, gate, up, down, torch):
     """Random weights into a layer: float tensors, or e4m3 + scales for the FP8 methods."""
     if not method.startswith("FP8"):
@@ -554,14 +583,7 @@ def _load_layer(layer, method, gate, up, down, torch):
         layer.load_from_float(gate.data_ptr(), up.data_ptr(), down.data_ptr(), dt, 0)
         return
     E = gate.shape[0]
-    mats = [(t * 50).clamp(-448, 448).to(torch.float8_e4m3fn) for t in (gate, up, down)]
-    if method == "FP8":
-        scales = [
-            torch.full((E, (m.shape[1] + 127) // 128, (m.shape[2] + 127) // 128), 0.02)
-            for m in mats
-        ]
-    else:
-        scales = [torch.full((E, m.shape[1]), 0.02) for m in mats]
+    mats, scales = zip(*(fp8_quantize(torch, t, method == "FP8") for t in (gate, up, down)))
     slots = list(range(E))
     layer.load_experts_fp8(slots, *[[t[e].data_ptr() for e in slots] for t in mats + scales])
 

@@ -89,6 +89,32 @@ def routing(torch, t, e, k, gen):
     return ids, w
 
 
+def fp8_quantize(torch, w, block):
+    """kt_jit.bench.fp8_quantize, here because this script runs in kt-kernel's environment: per
+    128 x 128 block (or row) scale = amax / 448, e4m3 of w / scale; (codes, scales)."""
+    E, n, k = w.shape
+    nb, kb = (n + 127) // 128, (k + 127) // 128
+    q = torch.empty(E, n, k, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(E, nb, kb) if block else torch.empty(E, n)
+    for e in range(E):
+        x = w[e].float()
+        if block:
+            pad = torch.zeros(nb * 128, kb * 128)
+            pad[:n, :k] = x.abs()
+            amax = pad.view(nb, 128, kb, 128).amax(dim=(1, 3))
+        else:
+            amax = x.abs().amax(dim=1)
+        sc = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+        full = (
+            sc.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+            if block
+            else sc[:, None]
+        )
+        q[e] = (x / full).clamp(-448, 448).to(torch.float8_e4m3fn)
+        scales[e] = sc
+    return q, scales
+
+
 def q8_0_blocks(torch, w):
     """GGML Q8_0 bytes of a float [..., K] tensor (K % 32 == 0): per 32 values an fp16 scale
     amax/127 followed by 32 int8."""
@@ -106,24 +132,26 @@ class Source:
     def __init__(self, torch, kind, gate, up, down):
         self.kind = kind
         self.keep = []
-        E = gate.shape[0]
         if kind in ("bf16", "bf16_experts"):
             self.mats = [t.bfloat16().contiguous() for t in (gate, up, down)]
             self.ref = [t.float() for t in self.mats]
             self.scales = None
         elif kind in ("fp8_block", "fp8_channel"):
-            # As kt-jit's bench: e4m3 of 50·w with a constant 0.02 scale (block or per row).
-            self.mats = [
-                (t * 50).clamp(-448, 448).to(torch.float8_e4m3fn) for t in (gate, up, down)
-            ]
-            self.ref = [m.float() * 0.02 for m in self.mats]
-            if kind == "fp8_block":
-                self.scales = [
-                    torch.full((E, (m.shape[1] + 127) // 128, (m.shape[2] + 127) // 128), 0.02)
-                    for m in self.mats
-                ]
-            else:
-                self.scales = [torch.full((E, m.shape[1]), 0.02) for m in self.mats]
+            # As kt-jit's bench (kt_jit.bench.fp8_quantize): per 128 x 128 block (or row) the
+            # scale is amax / 448, as FP8 checkpoints are made.
+            block = kind == "fp8_block"
+            self.mats, self.scales, self.ref = [], [], []
+            for t in (gate, up, down):
+                q, sc = fp8_quantize(torch, t, block)
+                self.mats.append(q)
+                self.scales.append(sc)
+                n, k = q.shape[1], q.shape[2]
+                full = (
+                    sc.repeat_interleave(128, 1)[:, :n].repeat_interleave(128, 2)[:, :, :k]
+                    if block
+                    else sc[:, :, None]
+                )
+                self.ref.append(q.float() * full)
         elif kind == "gguf_q8_0":
             self.mats = [q8_0_blocks(torch, t) for t in (gate, up, down)]
             self.ref = []
