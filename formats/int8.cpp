@@ -220,6 +220,9 @@ void pack_fp8_strips(const StripLayout& l, const uint8_t* const* w, const float*
                      float* gscale) {
   if (l.fp8_pair_order && l.k % 2)
     throw std::invalid_argument("pack_fp8_strips: the pair order needs an even K");
+  if (l.fp8_pair_order && (l.g_steps <= 0 || l.g_steps % 2 || l.g_steps / 2 > kFp8FlagMaxPairs))
+    throw std::invalid_argument("pack_fp8_strips: the pair order needs even groups of at most " +
+                                std::to_string(2 * kFp8FlagMaxPairs) + " k");
   std::memset(out, 0, size_t(l.total_bytes()));
   const int64_t kb = (l.k + 127) / 128;
   const int64_t groups = l.groups();
@@ -247,13 +250,27 @@ void pack_fp8_strips(const StripLayout& l, const uint8_t* const* w, const float*
       scale[c] = block ? 1.0f : (r >= 0 ? row[src][r] : 0.0f);
       comp[c] = 0;
     }
+    const int64_t gf = l.gscale_floats_per_group();
     for (int h = 0; h < 2; ++h) {
       const int src = l.sources == 2 ? h : 0;
       for (int64_t g = 0; g < groups; ++g) {
         float v = 1.0f;
         const int hb = l.sources == 2 ? h : 0;
         if (block && half_block[hb] >= 0) v = block[src][half_block[hb] * kb + g];
-        for (int i = 0; i < l.lanes; ++i) gs[(g * 2 + h) * l.lanes + i] = v;
+        for (int i = 0; i < (l.fp8_pair_order ? 1 : l.lanes); ++i) gs[l.gscale_index(g, h) + i] = v;
+      }
+    }
+    for (int64_t g = 0; g < groups && l.fp8_pair_order; ++g) {
+      uint8_t* flags = reinterpret_cast<uint8_t*>(gs + g * gf + 2);
+      std::memset(flags, 0, kFp8FlagBytes);
+      if (cols == 64) {  // (narrower strips take the gather decode, which reads no flags)
+        const int64_t p0 = g * (l.g_steps / 2), p1 = std::min((g + 1) * (l.g_steps / 2), l.k / 2);
+        for (int64_t p = p0; p < p1; ++p) {
+          const uint8_t* step = base + p * 128;
+          bool zero = false;
+          for (int i = 0; i < 128; ++i) zero = zero || fp8_zero_exponent(step[i]);
+          if (zero) flags[p1 - 1 - p] = 1;
+        }
       }
     }
   }

@@ -35,6 +35,18 @@ void flip_sign_bits(int8_t* q, int64_t n);
 // INT4 quantization of one row into the int8 values 16 * q4 the kernels multiply; returns d.
 float quantize_row_int4(const float* x, int64_t k, int8_t* q16);
 
+// The pair order's step flags: after each group's scales in the scale table (gscale), 64 bytes,
+// byte G - 1 - p nonzero when k pair p of the group's G holds (in a full strip's 128 bytes) an
+// e4m3 code with a zero exponent field, zero or subnormal. The kernels count a group's pairs down,
+// so that is the byte at the count left (jit/x64/gemm.cpp k_loop_fp8). The pair decode's shifts
+// give every other code exactly; a flagged step takes the table decode. Groups of at most 64 k
+// pairs: the layer packs the pair order in 128-k groups.
+constexpr int kFp8FlagBytes = 64;
+constexpr int64_t kFp8FlagMaxPairs = kFp8FlagBytes;
+inline bool fp8_zero_exponent(uint8_t b) {
+  return (b & 0x78) == 0;
+}
+
 // Packed strip layout of one weight matrix for the integer GEMM kernels.
 // Columns are grouped in strips of `strip_vecs` vectors of `lanes` columns; inside a strip the
 // bytes are [k4][column][4 consecutive k] (VNNI order) so one K step of a strip is one contiguous
@@ -65,8 +77,16 @@ struct StripLayout {
   int64_t g_steps = 0;
   int64_t groups() const { return g_steps ? (k4 + g_steps - 1) / g_steps : 0; }
   int64_t num_strips() const { return full_strips + (tail_vecs ? 1 : 0); }
-  // fp8 scale table: per strip, per group, 2 halves, `lanes` copies of each scale.
-  int64_t gscale_floats_per_strip() const { return groups() * 2 * lanes; }
+  // fp8 scale table: per strip, per group, 2 halves, `lanes` copies of each scale; with the pair
+  // order one float per half, then the group's step flags (kFp8FlagBytes): 72 bytes a group of
+  // 128 k (8 KiB of a full strip) instead of 128.
+  int64_t gscale_floats_per_group() const {
+    return fp8_pair_order ? 2 + kFp8FlagBytes / 4 : 2 * lanes;
+  }
+  int64_t gscale_index(int64_t g, int half) const {
+    return g * gscale_floats_per_group() + half * (fp8_pair_order ? 1 : lanes);
+  }
+  int64_t gscale_floats_per_strip() const { return groups() * gscale_floats_per_group(); }
   int64_t gscale_floats() const { return num_strips() * gscale_floats_per_strip(); }
   // qgroup (formats/grouped.hpp): bytes per packed column per group stored after each group's
   // codes (fp32 scale, and fp32 bias); MX (formats/mx.hpp): 1, the exponent byte stored before
@@ -97,13 +117,14 @@ struct StripLayout {
 
 // Byte offset of (k, column n) in an fp8 strip of `cols` columns: [k][column], or with the pair
 // order on a 64-column strip, per k pair 128 bytes, per 32 columns j 64 of them, byte
-// 16 i + 8 h + 2 p + r holding (k pair's row r, column 32 j + 16 h + 4 i + p): the bytes the
-// pair decode's vpunpck{l,h}bw need (jit/x64/gemm.cpp fp8_pair_decode).
+// 4 d + 2 r + h holding (k pair's row r, column 32 j + 16 h + d): read as 32 words, each word's
+// low bytes are the pairs of columns 32 j + d and its high bytes those of 32 j + 16 + d, which
+// the pair decode turns into bf16 pairs with shifts and one mask (jit/x64/gemm.cpp
+// fp8_pair_decode).
 inline int64_t fp8_strip_byte(bool pair_order, int cols, int64_t k, int n) {
   if (!pair_order || cols != 64) return k * cols + n;
   const int c = n % 32;
-  return (k / 2) * 128 + (n / 32) * 64 + 16 * ((c % 16) / 4) + 8 * (c / 16) + 2 * (c % 4) +
-         int(k % 2);
+  return (k / 2) * 128 + (n / 32) * 64 + 4 * (c % 16) + 2 * int(k % 2) + c / 16;
 }
 
 // Packs quantized rows (`q[src]` is n x k int8 row-major — for 4 bits the values 16 * q4 —

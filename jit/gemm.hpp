@@ -238,7 +238,8 @@ inline bool bf16_pair_kernel(const KernelKey& key) {
 // the bf16 pair of their values (exact: e4m3 fits bf16) by two vpermi2b table lookups on the
 // 7 magnitude bits and the sign or-ed in. Per scale group, per column, in pair order:
 //   g = vdpbf16ps_lane(g, a_pair[p], w_pair[p]);  then  acc = fma(g, scale, acc)
-// (decode_group_accumulate without the 2^8: these values are unscaled).
+// (decode_group_accumulate without the 2^8: these values are unscaled; full strips in the pair
+// order, kFp8PairOrder, decode to value * 2^-8 and fold with scale * 2^8, the same products).
 // The prefill ones (any rows, K and g_steps even) first decode each strip the same way into
 // GemmArgs::scratch as bf16 pairs and run the bf16 pair microkernel over it, block after block,
 // into the same group sums: the same numbers as the decode ones.

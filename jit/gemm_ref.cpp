@@ -155,6 +155,15 @@ float swiglu_ref(float g, float u, uint8_t v, float limit, float alpha) {
 }
 
 namespace {
+
+// The fp8 scale table (formats::StripLayout::gscale_floats_per_group / gscale_index): per group,
+// two halves of `lanes` copies, or with the pair order one float each and the step flags.
+int64_t gscale_group_floats(const KernelKey& key, int lanes) {
+  return key.variant & kFp8PairOrder ? 2 + formats::kFp8FlagBytes / 4 : 2 * lanes;
+}
+int64_t gscale_at(const KernelKey& key, int lanes, int64_t g, int half) {
+  return g * gscale_group_floats(key, lanes) + half * (key.variant & kFp8PairOrder ? 1 : lanes);
+}
 // Weight (k4 step, column n, byte j) of a packed strip with `cols` columns, as the kernel sees it:
 // int8, or for int4 16 * q4 (nibbles: q4 in two's complement, or the code q4 + 8 with
 // `offset_nibbles`).
@@ -576,7 +585,8 @@ void gemm_ref_amx(const KernelKey& key, const GemmArgs& args) {
       }
     }
     const float* wscale = args.w_scale + s * cols;
-    const float* gs = fp8 ? args.w_gscale + s * args.g_per_strip * 2 * lanes : nullptr;
+    const float* gs =
+        fp8 ? args.w_gscale + s * args.g_per_strip * gscale_group_floats(key, lanes) : nullptr;
     const int64_t col0 = args.out_col + s * out_cols;
     for (int64_t m = 0; m < gemm_call_rows(key, args); ++m) {
       const uint16_t* a16 = reinterpret_cast<const uint16_t*>(args.a + m * args.lda);
@@ -596,7 +606,7 @@ void gemm_ref_amx(const KernelKey& key, const GemmArgs& args) {
             }
             g = amx::tdpbf16ps_element(g, a16 + 2 * (g0 + p0), b, 2, kk);
           }
-          acc = fp8 ? std::fma(g, gs[((g0 / gp) * 2 + half) * lanes], acc) : g;
+          acc = fp8 ? std::fma(g, gs[gscale_at(key, lanes, g0 / gp, half)], acc) : g;
         }
         y[n] = fp8 ? (args.a_scale[m] * wscale[n]) * acc : acc;
       }
@@ -683,7 +693,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);
           const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
           const int half = key.epilogue == Epilogue::siluup && n >= cols / 2 ? 1 : 0;
-          const float* gs = args.w_gscale + s * args.g_per_strip * 2 * lanes;
+          const float* gs = args.w_gscale + s * args.g_per_strip * gscale_group_floats(key, lanes);
           auto bf16 = [](uint8_t b) {
             uint32_t bits;
             const float f = fp8_value(b);
@@ -697,7 +707,7 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
             const uint32_t b = bf16(byte(k)) | bf16(byte(k + 1)) << 16;
             g = vdpbf16ps_lane(g, a32[k / 2], b);
             if ((k + 2) % args.g_steps == 0 || k + 2 >= args.k4) {
-              acc = std::fma(g, gs[((k / args.g_steps) * 2 + half) * lanes], acc);
+              acc = std::fma(g, gs[gscale_at(key, lanes, k / args.g_steps, half)], acc);
               g = 0.0f;
             }
           }
@@ -707,10 +717,10 @@ void gemm_ref(const KernelKey& key, const GemmArgs& args) {
           const float* af = reinterpret_cast<const float*>(a);
           const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
           const int half = key.epilogue == Epilogue::siluup && n >= cols / 2 ? 1 : 0;
-          const float* gs = args.w_gscale + s * args.g_per_strip * 2 * lanes;
+          const float* gs = args.w_gscale + s * args.g_per_strip * gscale_group_floats(key, lanes);
           float acc = 0.0f, g = 0.0f;
           for (int64_t k = 0; k < args.k4; ++k) {
-            const float scale = gs[((k / args.g_steps) * 2 + half) * lanes];
+            const float scale = gs[gscale_at(key, lanes, k / args.g_steps, half)];
             if (!gacc) {
               acc = std::fma(af[k], fp8_value(wb[k * cols + n]) * scale, acc);
               continue;

@@ -127,9 +127,11 @@ constexpr uint8_t kBf16Pairs = 1;
 // microcode assist, so the executor sets it on AMD (runtime/moe_layer.cpp).
 constexpr uint8_t kFp8Fp32Widen = 2;
 // KernelKey::variant bit, beside kBf16Pairs, of fp8 pair kernels at avx512_bf16 whose full strips
-// are stored in the pair order (formats::fp8_strip_byte; names end `_perm`): the pair decode loads
-// each 32 columns' k-pair bytes as they are instead of gathering them with vpermi2b. The layer
-// packs that order at isa avx512_bf16 (not at amx, whose AMX-BF16 tiles read [k][column]).
+// are stored in the pair order (formats::fp8_strip_byte; names end `_perm`): the pair decode reads
+// each 32 columns' k-pair bytes as 32 words without a gather and decodes them with shifts, or
+// with tables in the k pairs that the scale table flags for zero-exponent codes
+// (formats::kFp8FlagBytes). The layer packs that order at isa avx512_bf16 (not at amx, whose
+// AMX-BF16 tiles read [k][column]).
 constexpr uint8_t kFp8PairOrder = 4;
 
 // KernelKey::variant bit of fp8 prefill kernels at the x86 levels without AVX512-BF16 (jit/gemm.hpp

@@ -27,9 +27,11 @@ constexpr int kBf16PairMinRows = 5;
 // fp8 layers at avx512_bf16 store their full strips in the pair order (formats::fp8_strip_byte;
 // jit/kernel.hpp kFp8PairOrder) when K is even: the pair decode then loads the bytes as they are
 // instead of gathering each k pair (one vpermi2b of three): DeepSeek-V3 FP8 T = 1 1.02-1.03x on
-// a Zen 4, within noise elsewhere (in-process A/B, docs/BENCHMARKS.md; that decode already streams
-// near the read bandwidth). isa amx keeps [k][column]: its AMX-BF16 tiles decode that layout, and
-// its decode tiles are the same avx512_bf16 kernels without the bit.
+// a Zen 4, within noise elsewhere (in-process A/B, docs/BENCHMARKS.md). Since 2026-11-27 (a
+// twenty-fifth session) that order is word-shaped, so steps without zero-exponent codes decode
+// with shifts: 1.4x the decode tiles' speed with the weights in L2 / L3. isa amx keeps [k][column]:
+// its AMX-BF16 tiles decode that layout, and its decode tiles are the same avx512_bf16 kernels
+// without the bit.
 bool fp8_pair_order_at(IsaLevel isa, bool k_pairs) {
   return isa == IsaLevel::avx512_bf16 && k_pairs;
 }
@@ -345,13 +347,21 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
             "shard_bounds: FP8 block scales need shard starts at "
             "multiples of 128, got " +
             std::to_string(sh.i_begin));
+      // The pair order (K even) keeps per-row scales in 128-k groups of scale 1 too: its step
+      // flags cover a group of at most 128 k (formats::kFp8FlagMaxPairs). So does isa amx,
+      // whose decode tiles are avx512_bf16's and give the same bits.
+      const bool po_gu = fp8_pair_order_at(isa_, shape.hidden % 2 == 0);
+      const bool po_down = fp8_pair_order_at(isa_, is % 2 == 0);
+      const IsaLevel tiles = isa_ == IsaLevel::amx ? IsaLevel::avx512_bf16 : isa_;
+      const bool g_gu = fp8_block_ || fp8_pair_order_at(tiles, shape.hidden % 2 == 0);
+      const bool g_down = fp8_block_ || fp8_pair_order_at(tiles, is % 2 == 0);
       sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, 8, 1,
-                                         fp8_block_ ? 128 : shape.hidden);
+                                         g_gu ? 128 : shape.hidden);
       sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, 8, 1,
-                                           fp8_block_ ? 128 : is);
+                                           g_down ? 128 : is);
       // K even gives even scale groups (128 or K): the kernels' k_pairs (build_kernels)
-      sh.gu.fp8_pair_order = fp8_pair_order_at(isa_, sh.gu.k % 2 == 0);
-      sh.down.fp8_pair_order = fp8_pair_order_at(isa_, sh.down.k % 2 == 0);
+      sh.gu.fp8_pair_order = po_gu;
+      sh.down.fp8_pair_order = po_down;
       sh.expert_gscale = sh.gu.gscale_floats() + sh.down.gscale_floats();
     } else {
       const int kg = bits == 16 ? bf16_kgroup(isa_) : 0;  // bf16: k pairs (not at ref)
@@ -1604,7 +1614,7 @@ void MoELayer::write_expert(int64_t slot, int tp, int rank, void* w13, float* w1
     auto gscale = [](const formats::StripLayout& l, const float* table, int half, int64_t r,
                      int64_t g) {
       const int64_t strip = r / l.rows_per_strip();
-      return table[strip * l.gscale_floats_per_strip() + (g * 2 + half) * l.lanes];
+      return table[strip * l.gscale_floats_per_strip() + l.gscale_index(g, half)];
     };
     for (int src = 0; src < 2; ++src)
       for (int64_t rb = la / 128; rb < (lb + 127) / 128; ++rb)

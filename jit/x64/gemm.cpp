@@ -321,7 +321,16 @@ class GemmGenerator : public JitGenerator {
   // fp8: the group scale table walks with rax through the K loop; rdx counts a group's steps.
   const Reg64 reg_gs = rax;
   const Reg64 reg_gk = rdx;
-  int gs_strip_bytes_per_group() const { return 2 * vec_bytes(); }
+  // a group's record in the fp8 scale table: two halves' scales, then with the pair order the
+  // group's step flags (formats::StripLayout::gscale_floats_per_group)
+  int gs_strip_bytes_per_group() const {
+    return fp8po_ ? kGsFlagOffset + formats::kFp8FlagBytes : 2 * vec_bytes();
+  }
+  static constexpr int kGsFlagOffset = 8;  // the pair order's record: 2 scales, then the flags
+  // fp8 full strips in the pair order (formats::fp8_strip_byte): decoded as words, the values
+  // * 2^-8 (the group scales * 2^8)
+  bool fp8w() const { return fp8po_ && sv_ == kStripVecs; }
+  bool fp8_fast_ = false;  // fp8w: this step has no zero-exponent code (shift decode)
   // bf16: one broadcast activation per row of the tile, above the accumulators.
   Xmm row_bcast(int m) const { return vreg(zmm_isa() ? 24 + m : 12 + m); }
   Xmm bf16_tmp(int v) const { return vreg(zmm_isa() ? 30 + (v & 1) : 15); }
@@ -726,6 +735,11 @@ class GemmGenerator : public JitGenerator {
     {
       fp8_group_scales();
       if (gacc_) zero_gacc();
+      // The pair order's decoding steps (decode tiles, a prefill call's first block) check the
+      // step's flag, the byte at the pairs left in the group (formats::kFp8FlagBytes), and take
+      // the shift decode, or the table decode out of line.
+      const bool flags = fp8w() && (!prefill_ || fuse_);
+      auto flag = [&](int u) { return byte[reg_gs + reg_gk + (kGsFlagOffset - 1 - u)]; };
       mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
       if (fp8p_ || sfma_) shr(reg_gk, 1);
       cmp(reg_gk, reg_k);
@@ -757,14 +771,30 @@ class GemmGenerator : public JitGenerator {
       L(inner);
       cmp(reg_gk, kUnroll);
       jl(tail, T_NEAR);
-      for (int u = 0; u < kUnroll; ++u) step(u);
+      Label slow[kUnroll + 1], back[kUnroll + 1];
+      auto checked_step = [&](int u, int label) {
+        if (flags) {
+          cmp(flag(u), 0);
+          jne(slow[label], T_NEAR);
+          fp8_fast_ = true;
+        }
+        step(u);
+        fp8_fast_ = false;
+        if (flags) L(back[label]);
+      };
+      for (int u = 0; u < kUnroll; ++u) checked_step(u, u);
       move_on(kUnroll);
       sub(reg_gk, kUnroll);
       jmp(inner, T_NEAR);
+      for (int u = 0; u <= kUnroll && flags; ++u) {  // flagged steps: the table decode
+        L(slow[u]);
+        step(u < kUnroll ? u : 0);
+        jmp(back[u], T_NEAR);
+      }
       L(tail);
       test(reg_gk, reg_gk);
       jz(gdone, T_NEAR);
-      step(0);
+      checked_step(0, kUnroll);
       move_on(1);
       dec(reg_gk);
       jmp(tail, T_NEAR);
@@ -1806,8 +1836,11 @@ class GemmGenerator : public JitGenerator {
   void fp8_group_scales() {
     const Xmm t = vreg(num_vregs() - 2);  // a decode temporary: free between K steps
     for (int h = 0; h < 2; ++h) {
-      vmovups(t, vmem(reg_gs + h * vec_bytes()));
-      if (!fp8p_)  // the pair kernels' values are unscaled
+      if (fp8po_)  // one float per half (formats::StripLayout::gscale_index)
+        vbroadcastss(t, dword[reg_gs + h * 4]);
+      else
+        vmovups(t, vmem(reg_gs + h * vec_bytes()));
+      if (!fp8p_ || fp8w())  // the other pair kernels' values are unscaled
         vmulps(t, t, cpool(fp8dw_ ? c_f2p56_ : c_f256_));
       if (fp8_scale_regs())
         vmovaps(Zmm(28 + h), t);
@@ -2071,10 +2104,13 @@ class GemmGenerator : public JitGenerator {
   }
 
   // fp8 pair kernels (fp8_pair_kernel, avx512_bf16): one step is a k pair, whose two strip rows
-  // (2 * cols bytes, contiguous) load into zmm23/24. Per 32 columns j: vpermi2b with
+  // (2 * cols bytes, contiguous) load into zmm23/24. Full strips in the pair order (kFp8PairOrder)
+  // take the word decode in fp8_pair_decode below instead (shifts and a mask, 5 vector
+  // instructions per 64 weights where the step holds no zero-exponent code, against 7 here; the
+  // one-row loop from L1 4.0 cycles per 64 weights against 4.8 on Zen 4). Narrower strips: per 32
+  // columns j, vpermi2b with
   // c_fp8_idx_[j] gathers the bytes as (row k, row k + 1) pairs in the order the byte unpacks below
-  // need to give natural column order (full strips stored in that order, kFp8PairOrder, are loaded
-  // as they are instead); two vpermi2b over 128-byte tables map the 7 magnitude bits
+  // need to give natural column order; two vpermi2b over 128-byte tables map the 7 magnitude bits
   // to the low and high byte of the value's bf16 (exact: e4m3 fits bf16, subnormals included; the
   // NaN codes give +-480 as fp8_value), the sign bit is or-ed into the high byte, and
   // vpunpcklbw / vpunpckhbw interleave them into 16 bf16 pairs each (columns 32j..+15, +16..+31).
@@ -2082,13 +2118,20 @@ class GemmGenerator : public JitGenerator {
   // broadcast: 9 vector instructions per 64 weights and row, against 20 for the fp16 route; 40 GB/s
   // against 19 from L2 on Zen 4 (m1). Prefill kernels decode the strip once into the scratch
   // (fp8_pair_repack) and run the bf16 pair microkernel over it, block after block.
-  // Registers: luts zmm16-19, gather indices 20-21, 0x80 bytes 22, temporaries 23-27 and 30.
+  // Registers: luts zmm16-19, gather indices 20-21 (pair order: the word decode's 0x87f0 and
+  // 0x3800), 0x80 bytes 22, temporaries 23-27 and 30.
   void fp8_pair_constants() {
+    Label& hi = fp8w() ? c_fp8_hi8_ : c_fp8_lut_[1];
     vmovdqu8(Zmm(16), zword[rip + c_fp8_lut_[0]]);
     vmovdqu8(Zmm(17), zword[rip + c_fp8_lut_[0] + 64]);
-    vmovdqu8(Zmm(18), zword[rip + c_fp8_lut_[1]]);
-    vmovdqu8(Zmm(19), zword[rip + c_fp8_lut_[1] + 64]);
-    for (int j = 0; j < (nv_ + 1) / 2; ++j) vmovdqu8(Zmm(20 + j), zword[rip + c_fp8_idx_[j]]);
+    vmovdqu8(Zmm(18), zword[rip + hi]);
+    vmovdqu8(Zmm(19), zword[rip + hi + 64]);
+    if (fp8w()) {  // the shift decode's mask and exponent bits (no gather)
+      vmovups(Zmm(20), zword[rip + c_87f0_]);
+      vmovups(Zmm(21), zword[rip + c_3800_]);
+    } else {
+      for (int j = 0; j < (nv_ + 1) / 2; ++j) vmovdqu8(Zmm(20 + j), zword[rip + c_fp8_idx_[j]]);
+    }
     vpbroadcastd(Zmm(22), dword[rip + c_80_]);
   }
   // Decodes the k pair at `wm`; `use(v, w)` gets vector v's 16 bf16 pairs in zmm w. Registers:
@@ -2098,13 +2141,18 @@ class GemmGenerator : public JitGenerator {
   // (fp8_fused_constants), the other halves, the indices and row k + 1 as memory operands, and
   // temporaries 27-31.
   template <class Use>
-  void fp8_pair_decode(const RegExp& wm, Use use, bool fused = false) {
+  void fp8_pair_decode(const RegExp& wm, Use use, bool fused = false, bool fast = false) {
     const int bytes = 2 * strip_cols();  // two strip rows: 32, 64, 96 or 128
     const Zmm sign(fused ? 26 : 22), row0(fused ? 27 : 23), p(fused ? 28 : 25), lo(fused ? 29 : 26),
         hi(fused ? 30 : 27), w(fused ? 31 : 30);
+    // the shift decode's constants: 0x87f0 and 0x3800 per word (fused: 0x87f0 in row0's register,
+    // which the pair order leaves free, and 0x3800 from memory)
+    const Zmm c87(fused ? 27 : 20), c38(21);
+    const Address c38m = ptr_b[rip + c_3800_];
+    const Operand& c38op = fused ? static_cast<const Operand&>(c38m) : c38;
     auto lut = [&](const Zmm& x, int t) {  // the indices in x to byte t of the values' bf16
       if (fused)
-        vpermi2b(x, Zmm(24 + t), zword[rip + c_fp8_lut_[t] + 64]);
+        vpermi2b(x, Zmm(24 + t), zword[rip + (t && fp8w() ? c_fp8_hi8_ : c_fp8_lut_[t]) + 64]);
       else
         vpermi2b(x, Zmm(16 + 2 * t), Zmm(17 + 2 * t));
     };
@@ -2112,7 +2160,40 @@ class GemmGenerator : public JitGenerator {
     if (fused && bytes != 128)
       throw std::logic_error("gemm: the fused fp8 decode takes full strips");
     if (ordered) {
-    } else if (fused) {
+      // Per 64 bytes (32 words): word d's low bytes hold the k pair of column 32 j + d, its high
+      // bytes that of 32 j + 16 + d. Shift decode (a step with no zero-exponent code): a high
+      // byte s.eeee.mmm shifted right by 4 with the sign copied, & 0x87f0 | 0x3800, is the bf16
+      // of its value * 2^-8 (exponent 112 + e): exact for e >= 1 (e = 0 would read as
+      // 2^-15 (1 + m / 8)); a low byte first shifted up by 8. Else the tables (hi: * 2^-8)
+      // give each byte's bf16 bytes, shifted and masked into the words: exact for every code.
+      for (int j = 0; 2 * j < nv_; ++j) {
+        const Address src = zword[wm + 64 * j];
+        if (fast) {
+          vpsllw(lo, src, 8);
+          vpsraw(lo, lo, 4);
+          vpternlogd(lo, c87, c38op, 0xea);  // (lo & 0x87f0) | 0x3800
+          use(2 * j, lo);
+          vpsraw(hi, src, 4);
+          vpternlogd(hi, c87, c38op, 0xea);
+          use(2 * j + 1, hi);
+          continue;
+        }
+        vmovdqu8(lo, src);
+        lut(lo, 0);
+        vmovdqu8(hi, src);
+        lut(hi, 1);
+        vpternlogd(hi, sign, src, 0xf8);  // hi | (byte & 0x80): the sign
+        vpsllw(w, hi, 8);
+        vpternlogd(w, lo, ptr_b[rip + c_00ff_], 0xf8);  // (hi << 8) | (lo & 0x00ff)
+        use(2 * j, w);
+        vpsrlw(w, lo, 8);
+        vpternlogd(w, hi, ptr_b[rip + c_ff00_], 0xf8);  // (lo >> 8) | (hi & 0xff00)
+        use(2 * j + 1, w);
+      }
+      return;
+    }
+    if (fast) throw std::logic_error("gemm: the fp8 shift decode takes the pair order");
+    if (fused) {
       vmovdqu8(row0, zword[wm]);
     } else {
       if (bytes >= 64)
@@ -2125,26 +2206,18 @@ class GemmGenerator : public JitGenerator {
         vmovdqu8(Ymm(24), yword[wm + 64]);
     }
     for (int j = 0; 2 * j < nv_; ++j) {
-      if (ordered) {
-        vmovdqu8(lo, zword[wm + 64 * j]);
-        vmovdqu8(hi, zword[wm + 64 * j]);
-        lut(lo, 0);
-        lut(hi, 1);
-        vpternlogd(hi, sign, zword[wm + 64 * j], 0xf8);  // hi | (byte & 0x80): the sign
+      if (fused) {
+        vmovdqu8(p, zword[rip + c_fp8_idx_[j]]);
+        vpermi2b(p, row0, zword[wm + 64]);
       } else {
-        if (fused) {
-          vmovdqu8(p, zword[rip + c_fp8_idx_[j]]);
-          vpermi2b(p, row0, zword[wm + 64]);
-        } else {
-          vmovdqa64(p, Zmm(20 + j));
-          vpermi2b(p, Zmm(23), Zmm(24));
-        }
-        vmovdqa64(lo, p);
-        lut(lo, 0);
-        vmovdqa64(hi, p);
-        lut(hi, 1);
-        vpternlogd(hi, p, sign, 0xf8);  // hi | (p & 0x80): the sign
+        vmovdqa64(p, Zmm(20 + j));
+        vpermi2b(p, Zmm(23), Zmm(24));
       }
+      vmovdqa64(lo, p);
+      lut(lo, 0);
+      vmovdqa64(hi, p);
+      lut(hi, 1);
+      vpternlogd(hi, p, sign, 0xf8);  // hi | (p & 0x80): the sign
       for (int h = 0; h < 2 && 2 * j + h < nv_; ++h) {
         if (h == 0)
           vpunpcklbw(w, lo, hi);
@@ -2155,9 +2228,12 @@ class GemmGenerator : public JitGenerator {
     }
   }
   void microkernel_fp8_pairs(int u) {
-    fp8_pair_decode(reg_w + u * step_bytes(), [&](int v, const Zmm& w) {
-      for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
-    });
+    fp8_pair_decode(
+        reg_w + u * step_bytes(),
+        [&](int v, const Zmm& w) {
+          for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
+        },
+        false, fp8_fast_);
   }
   // Prefill: the strip at reg_tmp2 (reg_tmp k pairs, >= 1) as bf16 pairs into the scratch at
   // reg_pf, [k/2][vector][16 pairs]: the layout of x86 bf16 strips.
@@ -2189,7 +2265,8 @@ class GemmGenerator : public JitGenerator {
   bool fuse_store_ = true;  // (a tail tile alone decodes for itself only: tail_rows)
   void fp8_fused_constants() {
     vmovdqu8(Zmm(24), zword[rip + c_fp8_lut_[0]]);
-    vmovdqu8(Zmm(25), zword[rip + c_fp8_lut_[1]]);
+    vmovdqu8(Zmm(25), zword[rip + (fp8w() ? c_fp8_hi8_ : c_fp8_lut_[1])]);
+    if (fp8w()) vmovups(Zmm(27), zword[rip + c_87f0_]);  // the shift decode's mask
     vpbroadcastd(Zmm(26), dword[rip + c_80_]);
   }
   void microkernel_fp8_fused(int u, bool prefetch_next) {
@@ -2203,7 +2280,7 @@ class GemmGenerator : public JitGenerator {
           if (fuse_store_) vmovups(zword[reg_sw + (u * nv_ + v) * 64], w);
           for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
         },
-        /*fused=*/true);
+        /*fused=*/true, fp8_fast_);
   }
   // mxfp8 pair decode tiles (mx8_pair_decode_kernel): per 32-k group the columns' scales times
   // 2^-8 (the stored exponent is e + 8; exact) to the stack, then 16 k pairs of the fp8 pair
@@ -2784,6 +2861,12 @@ class GemmGenerator : public JitGenerator {
     emit_const32(c_zero_, 0u);
     emit_const32(c_f0_, 0xf0f0f0f0u);
     emit_const32(c_80_, 0x80808080u);
+    if (fp8po_) {  // the pair order's word decode (fp8_pair_decode)
+      emit_const32(c_87f0_, 0x87f087f0u);
+      emit_const32(c_3800_, 0x38003800u);
+      emit_const32(c_00ff_, 0x00ff00ffu);
+      emit_const32(c_ff00_, 0xff00ff00u);
+    }
     emit_const32(c_hi16_, 0xffff0000u);
     emit_const32(c_0f_, 0x0f0f0f0fu);
     L(c_dupw_);  // vpshufb: each dword's low word into both of its words
@@ -2832,6 +2915,11 @@ class GemmGenerator : public JitGenerator {
         if (bits & 0xffffu) throw std::logic_error("gemm: fp8 value not exact in bf16");
         db(uint8_t(bits >> (16 + 8 * half)));
       }
+    }
+    if (fp8po_) {  // the pair order's high bytes: the bf16 of the value * 2^-8 (exact)
+      align(64);
+      L(c_fp8_hi8_);
+      for (int b = 0; b < 128; ++b) db(uint8_t(f32_bits(fp8_value(uint8_t(b)) * 0x1p-8f) >> 24));
     }
     const int cols = strip_cols();
     for (int j = 0; 2 * j < nv_; ++j) {
@@ -2894,7 +2982,7 @@ class GemmGenerator : public JitGenerator {
       for (int v = 0; v < nv_; ++v) vpxord_any(gacc(m, v));
   }
   Label c_dupw_, c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_,
-      c_fp8_lut_[2], c_fp8_idx_[2];
+      c_fp8_lut_[2], c_fp8_idx_[2], c_fp8_hi8_, c_87f0_, c_3800_, c_00ff_, c_ff00_;
   Label c_f2p56_, c_f2p64_, c_e4m3_dw_, c_4380w_, c_8000w_, c_mx8_hi_;
   Label c_ones16_, c_f256_, c_f2m8_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6],
       c_bias_, c_one_;

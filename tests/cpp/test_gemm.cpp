@@ -75,14 +75,16 @@ Packed make_weights(const Problem& p) {
   const bool fp8 = p.fmt == WeightFormat::fp8;
   pk.fp8_block = fp8 && p.seed % 2 == 0;  // alternate 128x128 block scales and row scales
   const int bits = bf16 ? 16 : int4 ? 4 : 8;
+  // fp8 pair kernels: full strips in the pair order (the executor's layout at avx512_bf16) on two
+  // problems of three, [k][column] (isa amx's, same kernels without kFp8PairOrder) on the third;
+  // the pair order keeps row scales in 128-k groups too, as the executor packs it
+  const bool po = p.fp8_pairs() && p.seed % 3 != 0;
   pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources, bits,
                                          fp8    ? 1
                                          : bf16 ? bf16_kgroup(p.isa)
                                                 : 0,
-                                         fp8 ? (pk.fp8_block ? 128 : p.K) : 0);
-  // fp8 pair kernels: full strips in the pair order (the executor's layout at avx512_bf16) on two
-  // problems of three, [k][column] (isa amx's, same kernels without kFp8PairOrder) on the third
-  pk.layout.fp8_pair_order = p.fp8_pairs() && p.seed % 3 != 0;
+                                         fp8 ? (pk.fp8_block || po ? 128 : p.K) : 0);
+  pk.layout.fp8_pair_order = po;
   pk.w.resize(size_t(pk.layout.total_bytes()));
   pk.scale.resize(size_t(pk.layout.total_cols()));
   pk.comp.resize(size_t(pk.layout.total_cols()));
@@ -369,11 +371,11 @@ TEST(Fp8PairOrder, PacksAPermutationThatUnpacksExactly) {
   for (int k = 0; k < 2; ++k)
     for (int n = 0; n < 64; ++n) ++hits[size_t(formats::fp8_strip_byte(true, 64, k, n))];
   EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), 128);
-  EXPECT_EQ(formats::fp8_strip_byte(true, 64, 1, 37), 64 + 19);    // j 1: i 1, h 0, p 1, r 1
-  EXPECT_EQ(formats::fp8_strip_byte(true, 64, 2, 20), 128 + 24);   // pair 1, j 0: i 1, h 1
+  EXPECT_EQ(formats::fp8_strip_byte(true, 64, 1, 37), 64 + 22);    // j 1: d 5, r 1, h 0
+  EXPECT_EQ(formats::fp8_strip_byte(true, 64, 2, 20), 128 + 17);   // pair 1, j 0: d 4, r 0, h 1
   EXPECT_EQ(formats::fp8_strip_byte(true, 48, 3, 5), 3 * 48 + 5);  // narrower strips as stored
-  const int64_t N = 100, K = 10;
-  auto l = formats::StripLayout::make(N, K, 16, kStripVecs, 2, 8, 1, K);
+  const int64_t N = 100, K = 260;                                  // 128-k groups, the last of 4 k
+  auto l = formats::StripLayout::make(N, K, 16, kStripVecs, 2, 8, 1, 128);
   l.fp8_pair_order = true;
   std::vector<int8_t> packed(size_t(l.total_bytes()));
   std::vector<float> scale(size_t(l.total_cols())), gs;
@@ -388,10 +390,31 @@ TEST(Fp8PairOrder, PacksAPermutationThatUnpacksExactly) {
     formats::unpack_rows(l, packed.data(), src, 0, N, 0, K, back.data(), K);
     EXPECT_EQ(back, w8[size_t(src)]) << src;
   }
+  // the step flags: after each group's scales, byte G - 1 - p set where k pair p of the group
+  // holds a zero-exponent code in the strip's columns (here from the source rows themselves)
+  for (int64_t st = 0; st < l.full_strips; ++st)
+    for (int64_t g = 0; g < l.groups(); ++g) {
+      const int64_t p0 = g * l.g_steps / 2, G = std::min(l.g_steps / 2, K / 2 - p0);
+      const uint8_t* flags = reinterpret_cast<const uint8_t*>(
+          gs.data() + st * l.gscale_floats_per_strip() + g * l.gscale_floats_per_group() + 2);
+      for (int64_t p = 0; p < G; ++p) {
+        bool zero = false;
+        for (int src = 0; src < 2; ++src)
+          for (int64_t r = st * 32; r < st * 32 + 32; ++r)
+            for (int64_t k = 2 * (p0 + p); k < 2 * (p0 + p) + 2; ++k)
+              zero = zero || (w8[size_t(src)][size_t(r * K + k)] & 0x78) == 0;
+        EXPECT_EQ(flags[G - 1 - p] != 0, zero) << "strip " << st << " group " << g << " pair " << p;
+      }
+    }
   auto odd = l;
   odd.k = 9;
   EXPECT_THROW(
       formats::pack_fp8_strips(odd, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
+      std::invalid_argument);
+  auto wide = l;  // groups of more than 64 k pairs outgrow the flags
+  wide.g_steps = 256;
+  EXPECT_THROW(
+      formats::pack_fp8_strips(wide, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
       std::invalid_argument);
 }
 

@@ -83,7 +83,13 @@ inline void pack_random_fp8(const formats::StripLayout& l, int64_t N, int64_t K,
   const int64_t nb = (N + 127) / 128, kb = (K + 127) / 128;
   for (int s = 0; s < l.sources; ++s) {
     w8.emplace_back(size_t(N * K));
-    for (auto& b : w8.back()) b = uint8_t(rng() & 0xff);
+    // Every code, but zero-exponent codes (zero, subnormals) only in every fifth k pair: the
+    // pair order's shift decode runs the other steps and the table decode those (its flags).
+    for (int64_t i = 0; i < N * K; ++i) {
+      uint8_t b = uint8_t(rng() & 0xff);
+      if (formats::fp8_zero_exponent(b) && (i % K) / 2 % 5 != 0) b |= 0x08;
+      w8.back()[size_t(i)] = b;
+    }
     bs.push_back(random_floats(size_t(block ? nb * kb : N), seed + 7 + uint32_t(s)));
     for (auto& v : bs.back()) v = std::fabs(v) * 0.01f + 1e-4f;
   }
