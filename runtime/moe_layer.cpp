@@ -608,7 +608,8 @@ std::vector<std::string> MoELayer::kernel_names() const {
 
 size_t MoELayer::packed_bytes() const {
   size_t b = 0;
-  for (auto& sh : shards_) b += sh.weights.size() + sh.scales.size() + sh.comps.size();
+  for (auto& sh : shards_)
+    b += sh.weights.size() + sh.scales.size() + sh.comps.size() + sh.gscales.size();
   return b;
 }
 

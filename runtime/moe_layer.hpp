@@ -214,6 +214,8 @@ class MoELayer {
   IsaLevel isa() const { return isa_; }
   const MoEShape& shape() const { return shape_; }
   std::vector<std::string> kernel_names() const;
+  // bytes the layer stores for its experts: packed weights, column scales and compensations, and
+  // the fp8 group-scale tables (all of which a forward streams)
   size_t packed_bytes() const;
 
  private:
