@@ -49,6 +49,8 @@ std::vector<Probe> probes() {
       {"vpandd", [=](CodeGenerator& g, const Zmm& d, int) { g.vpandd(d, a, b); }},
       {"vpternlogd", [=](CodeGenerator& g, const Zmm& d, int) { g.vpternlogd(d, a, b, 0xf8); }},
       {"vpsrld", [=](CodeGenerator& g, const Zmm& d, int) { g.vpsrld(d, a, 4); }},
+      {"vpsraw", [=](CodeGenerator& g, const Zmm& d, int) { g.vpsraw(d, a, 4); }},
+      {"vpsllw", [=](CodeGenerator& g, const Zmm& d, int) { g.vpsllw(d, a, 8); }},
       {"vpsrlvw", [=](CodeGenerator& g, const Zmm& d, int) { g.vpsrlvw(d, a, b); }},
       {"vpshufb", [=](CodeGenerator& g, const Zmm& d, int) { g.vpshufb(d, a, b); }},
       {"vpermb", [=](CodeGenerator& g, const Zmm& d, int) { g.vpermb(d, a, b); }},
