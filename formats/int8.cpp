@@ -261,7 +261,7 @@ void pack_fp8_strips(const StripLayout& l, const uint8_t* const* w, const float*
       }
     }
     for (int64_t g = 0; g < groups && l.fp8_pair_order; ++g) {
-      uint8_t* flags = reinterpret_cast<uint8_t*>(gs + g * gf + 2);
+      uint8_t* flags = reinterpret_cast<uint8_t*>(gs + g * gf) + kFp8FlagOffset;
       std::memset(flags, 0, kFp8FlagBytes);
       if (cols == 64) {  // (narrower strips take the gather decode, which reads no flags)
         const int64_t p0 = g * (l.g_steps / 2), p1 = std::min((g + 1) * (l.g_steps / 2), l.k / 2);

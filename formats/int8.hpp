@@ -43,6 +43,17 @@ float quantize_row_int4(const float* x, int64_t k, int8_t* q16);
 // pairs: the layer packs the pair order in 128-k groups.
 constexpr int kFp8FlagBytes = 64;
 constexpr int64_t kFp8FlagMaxPairs = kFp8FlagBytes;
+// Bytes from a pair-order group record's start (its two scales, one float per strip half) to
+// its flags.
+constexpr int kFp8FlagOffset = 8;
+// The fp8 scale table's group record: per strip half `lanes` copies of the scale, or with the
+// pair order one float per half, then the flags (72 bytes a group instead of 128 at 16 lanes).
+inline int64_t fp8_gscale_group_floats(bool pair_order, int lanes) {
+  return pair_order ? (kFp8FlagOffset + kFp8FlagBytes) / 4 : 2 * lanes;
+}
+inline int64_t fp8_gscale_index(bool pair_order, int lanes, int64_t g, int half) {
+  return g * fp8_gscale_group_floats(pair_order, lanes) + half * (pair_order ? 1 : lanes);
+}
 inline bool fp8_zero_exponent(uint8_t b) {
   return (b & 0x78) == 0;
 }
@@ -77,14 +88,10 @@ struct StripLayout {
   int64_t g_steps = 0;
   int64_t groups() const { return g_steps ? (k4 + g_steps - 1) / g_steps : 0; }
   int64_t num_strips() const { return full_strips + (tail_vecs ? 1 : 0); }
-  // fp8 scale table: per strip, per group, 2 halves, `lanes` copies of each scale; with the pair
-  // order one float per half, then the group's step flags (kFp8FlagBytes): 72 bytes a group of
-  // 128 k (8 KiB of a full strip) instead of 128.
-  int64_t gscale_floats_per_group() const {
-    return fp8_pair_order ? 2 + kFp8FlagBytes / 4 : 2 * lanes;
-  }
+  // fp8 scale table: per strip, per group, the record of fp8_gscale_group_floats.
+  int64_t gscale_floats_per_group() const { return fp8_gscale_group_floats(fp8_pair_order, lanes); }
   int64_t gscale_index(int64_t g, int half) const {
-    return g * gscale_floats_per_group() + half * (fp8_pair_order ? 1 : lanes);
+    return fp8_gscale_index(fp8_pair_order, lanes, g, half);
   }
   int64_t gscale_floats_per_strip() const { return groups() * gscale_floats_per_group(); }
   int64_t gscale_floats() const { return num_strips() * gscale_floats_per_strip(); }

@@ -156,13 +156,12 @@ float swiglu_ref(float g, float u, uint8_t v, float limit, float alpha) {
 
 namespace {
 
-// The fp8 scale table (formats::StripLayout::gscale_floats_per_group / gscale_index): per group,
-// two halves of `lanes` copies, or with the pair order one float each and the step flags.
+// The fp8 scale table's group records (formats::fp8_gscale_group_floats) of a kernel's layout.
 int64_t gscale_group_floats(const KernelKey& key, int lanes) {
-  return key.variant & kFp8PairOrder ? 2 + formats::kFp8FlagBytes / 4 : 2 * lanes;
+  return formats::fp8_gscale_group_floats(key.variant & kFp8PairOrder, lanes);
 }
 int64_t gscale_at(const KernelKey& key, int lanes, int64_t g, int half) {
-  return g * gscale_group_floats(key, lanes) + half * (key.variant & kFp8PairOrder ? 1 : lanes);
+  return formats::fp8_gscale_index(key.variant & kFp8PairOrder, lanes, g, half);
 }
 // Weight (k4 step, column n, byte j) of a packed strip with `cols` columns, as the kernel sees it:
 // int8, or for int4 16 * q4 (nibbles: q4 in two's complement, or the code q4 + 8 with

@@ -5,8 +5,8 @@ stay in L2 / L3: the kernels' own speed, without the DRAM stream that `kt-jit be
                               [--top-k 2] [--fp8-codes checkpoint|small] [--reps 300]
 
 The layer has the shape's H and I, `--experts` experts and top-k `--top-k` (2 Qwen3 FP8 experts
-are 9 MiB, in L3 here). T tokens give each of the top-k experts T rows (T = 1-4: the decode tiles; from 5: the prefill
-tiers at avx512_bf16). Prints the median µs over the reps and the weight GB/s of the touched
+are 9 MiB, in L3 here). T tokens give each of the top-k experts T rows (T = 1-4: the decode
+tiles; from 5: the prefill tiers at avx512_bf16). Prints the median µs over the reps and the weight GB/s of the touched
 experts' packed bytes. `--fp8-codes small` loads the e4m3 of 50·w with a constant 0.02 scale (the
 bench's weights before 2026-11-27: zero-exponent codes in 1.25 % of the weights, which the pair
 order's shift decode leaves to its table decode) instead of `bench.fp8_quantize`'s. A design aid

@@ -324,9 +324,8 @@ class GemmGenerator : public JitGenerator {
   // a group's record in the fp8 scale table: two halves' scales, then with the pair order the
   // group's step flags (formats::StripLayout::gscale_floats_per_group)
   int gs_strip_bytes_per_group() const {
-    return fp8po_ ? kGsFlagOffset + formats::kFp8FlagBytes : 2 * vec_bytes();
+    return int(formats::fp8_gscale_group_floats(fp8po_, lanes_)) * 4;
   }
-  static constexpr int kGsFlagOffset = 8;  // the pair order's record: 2 scales, then the flags
   // fp8 full strips in the pair order (formats::fp8_strip_byte): decoded as words, the values
   // * 2^-8 (the group scales * 2^8)
   bool fp8w() const { return fp8po_ && sv_ == kStripVecs; }
@@ -739,7 +738,7 @@ class GemmGenerator : public JitGenerator {
       // step's flag, the byte at the pairs left in the group (formats::kFp8FlagBytes), and take
       // the shift decode, or the table decode out of line.
       const bool flags = fp8w() && (!prefill_ || fuse_);
-      auto flag = [&](int u) { return byte[reg_gs + reg_gk + (kGsFlagOffset - 1 - u)]; };
+      auto flag = [&](int u) { return byte[reg_gs + reg_gk + (formats::kFp8FlagOffset - 1 - u)]; };
       mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
       if (fp8p_ || sfma_) shr(reg_gk, 1);
       cmp(reg_gk, reg_k);

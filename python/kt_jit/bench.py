@@ -565,12 +565,14 @@ def fp8_quantize(torch, w, block: bool):
             pad = torch.zeros(nb * 128, kb * 128)
             pad[:n, :k] = x.abs()
             amax = pad.view(nb, 128, kb, 128).amax(dim=(1, 3))
-            sc = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
-            full = sc.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
         else:
             amax = x.abs().amax(dim=1)
-            sc = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
-            full = sc[:, None]
+        sc = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+        full = (
+            sc.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+            if block
+            else sc[:, None]
+        )
         q[e] = (x / full).clamp(-448, 448).to(torch.float8_e4m3fn)
         scales[e] = sc
     return q, scales

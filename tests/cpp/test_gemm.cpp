@@ -395,8 +395,10 @@ TEST(Fp8PairOrder, PacksAPermutationThatUnpacksExactly) {
   for (int64_t st = 0; st < l.full_strips; ++st)
     for (int64_t g = 0; g < l.groups(); ++g) {
       const int64_t p0 = g * l.g_steps / 2, G = std::min(l.g_steps / 2, K / 2 - p0);
-      const uint8_t* flags = reinterpret_cast<const uint8_t*>(
-          gs.data() + st * l.gscale_floats_per_strip() + g * l.gscale_floats_per_group() + 2);
+      const uint8_t* flags =
+          reinterpret_cast<const uint8_t*>(gs.data() + st * l.gscale_floats_per_strip() +
+                                           g * l.gscale_floats_per_group()) +
+          formats::kFp8FlagOffset;
       for (int64_t p = 0; p < G; ++p) {
         bool zero = false;
         for (int src = 0; src < 2; ++src)
