@@ -8,7 +8,9 @@
 // call) of a T x N fp32 buffer allocated as the layer's partial rows are, so each call writes
 // rows it has not touched lately, as down writes its tokens' rows in a layer at T tokens.
 // Prints Gop/s next to the same run's peak of the instructions the kernel uses (vpdpbusd;
-// vpmaddubsw + vpmaddwd + vpaddd, or + vpaddw for int4's int16 sums; FMA for bf16). Speed is
+// vpmaddubsw + vpmaddwd + vpaddd, or + vpaddw for int4's int16 sums; FMA for bf16; at isa amx
+// the tile multiply, tdpbusd or tdpbf16ps, for the AMX prefill kernels, whose bf16 activation rows
+// this bench fills with the bits of its fp32 rows: timing, not values). Speed is
 // judged here and in `kt-jit bench`, never in tests.
 #include <algorithm>
 #include <chrono>
@@ -21,6 +23,7 @@
 
 #include "formats/int8.hpp"
 #include "jit/bench_loops.hpp"
+#include "jit/cpu/cpu.hpp"
 #include "jit/gemm.hpp"
 #include "jit/x64/bench_loops.hpp"
 #include "runtime/machine_limits.hpp"
@@ -30,6 +33,10 @@ using namespace ktjit;
 
 int main(int argc, char** argv) {
   IsaLevel isa = argc > 1 ? parse_isa(argv[1]) : selected_isa();
+  if (isa != IsaLevel::ref && !level_usable(isa, cpu_features())) {
+    std::fprintf(stderr, "isa %s: this CPU (or its OS) cannot run it\n", isa_name(isa));
+    return 2;
+  }
   const int64_t M = argc > 2 ? std::atoll(argv[2]) : 60;
   const int64_t N = argc > 3 ? std::atoll(argv[3]) : 256;
   const int64_t K = argc > 4 ? std::atoll(argv[4]) : 2048;
@@ -107,7 +114,10 @@ int main(int argc, char** argv) {
   // else its prefill (or, for M up to a tile, decode) kernel.
   const GemmKernelSet ks = make_gemm_kernel_set(isa, fmt, epi, 0, 0, K % 2 == 0);
   const bool halves = ks.tile_rows && half_strip_kernel(ks.tile_full) && M >= ks.tile_rows;
-  const int mr = halves ? ks.tile_rows : gemm_max_rows(isa, fmt);
+  // At isa amx the AMX tiles' 16-row blocks (M a multiple of 16 measures them alone; the
+  // executor sends any other rows to the VNNI tiles).
+  const bool amx_tiles = isa == IsaLevel::amx && ks.tile_rows && M >= ks.tile_rows;
+  const int mr = halves || amx_tiles ? ks.tile_rows : gemm_max_rows(isa, fmt);
   KernelKey key;
   key.kind = M > mr || halves ? KernelKind::gemm_prefill : KernelKind::gemm_decode;
   key.isa = isa;
@@ -116,16 +126,19 @@ int main(int argc, char** argv) {
   key.n_vec = kStripVecs;
   key.epilogue = epi;
   if (halves) key.variant = ks.tile_full.variant;
+  if (amx_tiles) key = ks.tile_full;
   const Kernel* k = KernelCache::instance().get(key);
   if (!k) return 1;
   GemmArgs args{a.data(),    lda,         w, l.full_strips, l.k4,  as.data(), sc.data(),
                 comp.data(), rows.data(), 0, rw.data(),     M / mr};
+  AlignedBuffer scratch(size_t(gemm_scratch_bytes(key, l.k4)) + 64);  // int4 at amx decodes here
+  args.scratch = scratch.as<int8_t>();
   std::vector<int32_t> row_sums(size_t(M), int32_t(l.k));  // Σ_k a of each row (every a is 1)
   args.a_gsum = row_sums.data();
   auto fn = reinterpret_cast<GemmFn>(const_cast<void*>(k->entry()));
   // prefill kernels that take the rows after their blocks (tail_rows_kernel) run all M, as in
   // the layer; others the whole blocks
-  if (key.kind == KernelKind::gemm_prefill && !halves) {
+  if (key.kind == KernelKind::gemm_prefill && !halves && !amx_tiles) {
     const PrefillSplit sp = prefill_split(key, M);
     args.m_blocks = sp.blocks;
     args.m_tail = sp.tail;
@@ -147,11 +160,16 @@ int main(int argc, char** argv) {
   std::sort(t.begin(), t.end());
   const double gops = ops / t[t.size() / 2] / 1e9, best = ops / t[0] / 1e9;
   const bool vnni = int(isa) >= int(IsaLevel::avx512_vnni);
-  const PeakOp op = bf16                        ? PeakOp::fma_f32
+  const bool tiles = isa == IsaLevel::amx && key.kind == KernelKind::gemm_prefill;
+  const PeakOp op = tiles && bf16               ? PeakOp::tdpbf16ps
+                    : tiles                     ? PeakOp::tdpbusd
+                    : bf16                      ? PeakOp::fma_f32
                     : vnni                      ? PeakOp::vpdpbusd
                     : int4_int16_sums(isa, fmt) ? PeakOp::maddubsw_w
                                                 : PeakOp::maddubsw;
-  const char* op_name = bf16                       ? "FMA"
+  const char* op_name = op == PeakOp::tdpbf16ps    ? "tdpbf16ps"
+                        : op == PeakOp::tdpbusd    ? "tdpbusd"
+                        : bf16                     ? "FMA"
                         : vnni                     ? "vpdpbusd"
                         : op == PeakOp::maddubsw_w ? "vpmaddubsw+vpaddw"
                                                    : "vpmaddubsw+vpmaddwd+vpaddd";

@@ -1,13 +1,25 @@
 // AMX-INT8 prefill GEMM: strips -> M blocks of m_r rows -> K in blocks of 64 (16 k4 steps) ->
 // one TDPBUSD per 16-column vector -> C tiles stored to the stack -> the AVX-512 epilogue per row.
 //
-// Tiles (palette 1), configured once per call at entry, released at exit:
-//   tmm0  A, m_r rows x 64 bytes (64 k of the block's activation rows, stride lda)
-//   tmm1  B, 16 rows x 64 bytes: 16 k4 rows of one vector of the strip (stride = strip row bytes),
-//         which is exactly the packed layout [k4][column][4 k] (VNNI pairs of 4 bytes)
-//   tmm2  A tail, m_r rows x 4t bytes    } t = k4 % 16; written into the configuration at run time
-//   tmm3  B tail, t rows x 64 bytes       } (both unconfigured when t == 0)
-//   tmm4+v C of vector v (v < n_vec), m_r rows x 16 int32
+// Tiles (palette 1), configured once per call at entry, released at exit. The main configuration
+// (KT_JIT_AMX_TILES=a,b: a A tiles, b B tiles, a + b <= 4; default 1,1, see below):
+//   tmm0..a-1     A, m_r rows x 64 bytes (64 k of the block's activation rows, stride lda); 64-k
+//                 blocks take them in turn, so a block's A load need not wait for the last tile
+//                 multiply of the block before
+//   tmma..a+b-1   B, 16 rows x 64 bytes: 16 k4 rows of one vector of the strip (stride = strip
+//                 row bytes), which is exactly the packed layout [k4][column][4 k] (VNNI pairs of
+//                 4 bytes); the B loads take them in turn, so a load need not wait for the multiply
+//                 that read the tile before
+//   tmm4+v        C of vector v (v < n_vec), m_r rows x 16 int32
+// On the lent Xeon (2026-11-27, docs/BENCHMARKS.md) 2 A + 2 B tiles, or 1 + 3, 3 + 1, were not
+// faster than 1 + 1 (the hot kernel ran at 20-44 % of the tdpbusd peak either way), and 2 + 2
+// with the next-strip prefetch below made the BF16 layer slower (T = 1024: 258 and 399 ms against
+// 186 and 214 ms), so the defaults stay at one A and one B tile without the prefetch; the knobs
+// are for measuring on another host.
+// A K tail of t = k4 % 16 steps (rare: every MoE shape's K is a multiple of 64) has no tiles of its
+// own: the C tiles are stored, the tiles reconfigured with A m_r x 4t and B t x 64 (tmm0, tmma),
+// the C tiles reloaded, the tail multiplied into them, stored again, and the main configuration
+// restored (a configuration zeroes every tile; C goes through the stack anyway for the epilogue).
 // TDPBUSD multiplies unsigned A bytes by signed B bytes: activations arrive as a + 128 like the
 // VNNI levels, and the epilogue subtracts w_comp = 128 * sum(w), so the int32 result is exact.
 // int4 (AMX-INT8 too): each strip's nibble pairs ([k4/2][column][4 bytes], low nibble = even k4
@@ -27,15 +39,18 @@
 //          bf16 subnormal as zero). Every M block then runs the bf16 nest over the scratch; the
 //          scales are in the weights, so the C tiles are the results.
 //   fp8:   the same decode without scales (e4m3 values, exact in bf16); the 128 x 128 block scales
-//          are folded per K group: per group the C tiles start at zero, take the group's pairs,
-//          are stored and folded into an fp32 accumulator block on the stack,
-//          acc = fma(C, scale, acc); the epilogue then applies a_scale * w_scale like the fp8
-//          FMA kernels. A last group shorter than the others gets its own tail shape: the tiles
-//          are reconfigured for it and back (LDTILECFG, between groups, when C is stored).
+//          are folded per K group: per group the C tiles start at zero, take the group's pairs
+//          (its tail, if any, as above), are stored and folded into an fp32 accumulator block on
+//          the stack, acc = fma(C, scale, acc); the epilogue then applies a_scale * w_scale like
+//          the fp8 FMA kernels.
 #include "jit/x64/amx_gemm.hpp"
 
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "jit/gemm.hpp"
 #include "jit/x64/generator.hpp"
@@ -46,18 +61,44 @@ namespace {
 using namespace Xbyak;
 using namespace Xbyak::util;
 
-constexpr int kTileA = 0, kTileB = 1, kTileATail = 2, kTileBTail = 3, kTileC = 4;
-// Stack: [rsp] strips left; then the slots below; the tile configuration; the C tiles stored as
-// [vector][row][16 lanes]; fp8: the folded accumulators, same shape.
+constexpr int kTileC = 4;
+// Stack: [rsp] strips left; then the slots below; the main and the tail tile configurations; the
+// C tiles stored as [vector][row][16 lanes]; fp8: the folded accumulators, same shape.
 constexpr int kSteps = 8;        // tile K steps of the whole K (int8: k4; bf16 formats: k pairs)
 constexpr int kGroupSteps = 16;  // fp8: k pairs of a group
 constexpr int kLastSteps = 24;   // fp8: k pairs of the last group
 constexpr int kGroupsLeft = 32;  // fp8: groups left in the block
 constexpr int kNextStrip = 40;   // decoded formats: the next strip's weights
-constexpr int kCfgOff = 64;      // 64-byte tile configuration
-constexpr int kCBufOff = 128;
+constexpr int kCfgOff = 64;      // 64-byte main tile configuration
+constexpr int kTailCfgOff = 128;  // 64-byte K-tail configuration, written when a tail runs
+constexpr int kCBufOff = 192;
 constexpr int kCTileBytes = kAmxTileRows * 64;
 constexpr int kAccOff = kCBufOff + kStripVecs * kCTileBytes;
+
+// How many A and B tiles the K loop rotates over (KT_JIT_AMX_TILES=a,b; a, b >= 1, a + b <= 4).
+struct AmxTileSplit {
+  int a = 1, b = 1;
+  bool prefetch = false;  // KT_JIT_AMX_PREFETCH=1 turns it on
+};
+AmxTileSplit amx_tile_split() {
+  static const AmxTileSplit split = [] {
+    AmxTileSplit t;
+    if (const char* pf = std::getenv("KT_JIT_AMX_PREFETCH"); pf && *pf)
+      t.prefetch = std::strcmp(pf, "0") != 0;
+    const char* env = std::getenv("KT_JIT_AMX_TILES");
+    if (!env || !*env) return t;
+    int a = 0, b = 0;
+    char tail = 0;
+    if (std::sscanf(env, "%d,%d%c", &a, &b, &tail) != 2 || a < 1 || b < 1 || a + b > 4)
+      throw std::invalid_argument(std::string("KT_JIT_AMX_TILES: expected 'a,b' with a, b >= 1 "
+                                              "and a + b <= 4 (A and B tiles), got '") +
+                                  env + "'");
+    t.a = a;
+    t.b = b;
+    return t;
+  }();
+  return split;
+}
 
 class AmxGemmGenerator : public JitGenerator {
  public:
@@ -193,6 +234,12 @@ class AmxGemmGenerator : public JitGenerator {
       mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
       test(reg_mb, reg_mb);
       jle(mb_done, T_NEAR);
+      if (pf_) {  // the first block prefetches the next strip into L2 (top of the file)
+        compute_block(true);
+        add(reg_row, mr_);
+        dec(reg_mb);
+        jz(mb_done, T_NEAR);
+      }
       L(mb_loop);
       {
         compute_block();
@@ -243,62 +290,88 @@ class AmxGemmGenerator : public JitGenerator {
     mov(qword[rsp + kLastSteps], rcx);
   }
 
-  // The static part of the configuration comes from the constant pool; the K-tail tiles get
-  // their shape from the steps % 16 of a (fp8: regular) group at run time.
+  // The main configuration is static: copied from the constant pool to the stack and loaded.
   void configure_tiles() {
     vmovups(zmm0, zword[rip + c_cfg_]);
     vmovups(zword[rsp + kCfgOff], zmm0);
-    mov(rcx, qword[rsp + (fp8_ ? kGroupSteps : kSteps)]);
-    set_tail_cfg();
     t_cfg(rsp, kCfgOff);
   }
-  // Writes the tail tiles' shape for t = ecx & 15 tile K steps into the configuration on the
-  // stack (both unconfigured when t == 0). Clobbers rax, rcx.
-  void set_tail_cfg() {
-    Label zero, end;
-    and_(ecx, 15);
-    jz(zero, T_NEAR);
-    mov(byte[rsp + kCfgOff + 48 + kTileATail], mr_);
-    mov(eax, ecx);
-    shl(eax, 2);
-    mov(word[rsp + kCfgOff + 16 + 2 * kTileATail], ax);
-    mov(byte[rsp + kCfgOff + 48 + kTileBTail], cl);
-    mov(word[rsp + kCfgOff + 16 + 2 * kTileBTail], 64);
-    jmp(end, T_NEAR);
-    L(zero);
-    mov(byte[rsp + kCfgOff + 48 + kTileATail], 0);
-    mov(word[rsp + kCfgOff + 16 + 2 * kTileATail], 0);
-    mov(byte[rsp + kCfgOff + 48 + kTileBTail], 0);
-    mov(word[rsp + kCfgOff + 16 + 2 * kTileBTail], 0);
-    L(end);
+
+  int tile_a(int i) const { return i % na_; }
+  int tile_b(int i) const { return na_ + i % nb_; }
+  // Blocks per turn of the K loop: a whole number of A rotations and of B rotations (the B loads
+  // of a block are its n_vec vectors), so every turn starts with tmm0 and tmma.
+  int unroll() const {
+    for (int u = 1;; ++u)
+      if (u % na_ == 0 && (u * nv_) % nb_ == 0) return u;
+  }
+  // The 64-k block `i` of a turn: A into its tile, then per vector a B load and a tile multiply.
+  // With `pf` (rcx = the strip's bytes) it also prefetches into L2 the same block of the next
+  // strip, 16 lines per vector.
+  void k_block(int i, bool pf) {
+    const int a = tile_a(i);
+    t_load(a, reg_a, reg_lda, 0);
+    for (int v = 0; v < nv_; ++v) {
+      const int b = tile_b(i * nv_ + v);
+      t_load(b, reg_w, reg_bstride, v * 64);
+      t_dp(kTileC + v, a, b);
+      if (pf)
+        for (int j = 0; j < 16; ++j) prefetcht1(ptr[reg_w + rcx + (v * 16 + j) * 64]);
+    }
+    add(reg_a, 64);
+    add(reg_w, 16 * row_bytes());
   }
 
-  // rax tile K steps from reg_a / reg_w into the C tiles: blocks of 16, then the tail (whose
-  // tiles are configured for rax % 16). With `advance_tail` the pointers end past the tail too.
-  void steps_into_c(bool advance_tail) {
-    Label kb_loop, kb_done, no_tail;
-    mov(reg_k, rax);
-    shr(reg_k, 4);
-    jz(kb_done, T_NEAR);
-    L(kb_loop);
-    {
-      t_load(kTileA, reg_a, reg_lda, 0);
-      for (int v = 0; v < nv_; ++v) {
-        t_load(kTileB, reg_w, reg_bstride, v * 64);
-        t_dp(kTileC + v, kTileA, kTileB);
-      }
-      add(reg_a, 64);
-      add(reg_w, 16 * row_bytes());
-      dec(reg_k);
-      jnz(kb_loop, T_NEAR);
+  // rax tile K steps from reg_a / reg_w into the C tiles, which end stored in the C buffer:
+  // blocks of 16 steps, then the tail of rax % 16 (see the top of the file). With `advance_tail`
+  // the pointers end past the tail too. `pf`: the blocks prefetch the next strip's (k_block).
+  // rax is kept; rcx, zmm0 are clobbered.
+  void steps_into_cbuf(bool advance_tail, bool pf = false) {
+    const int u = unroll();
+    Label turn, rest, tail, done;
+    if (pf) {
+      mov(rcx, rax);
+      imul(rcx, rcx, row_bytes());
     }
-    L(kb_done);
+    mov(reg_k, rax);
+    shr(reg_k, 4);  // whole blocks
+    L(turn);
+    cmp(reg_k, u);
+    jb(rest, T_NEAR);
+    for (int i = 0; i < u; ++i) k_block(i, pf);
+    sub(reg_k, u);
+    jmp(turn, T_NEAR);
+    L(rest);
+    for (int i = 0; i + 1 < u; ++i) {  // fewer blocks than a turn: its first ones
+      cmp(reg_k, i + 1);
+      jb(tail, T_NEAR);
+      k_block(i, pf);
+    }
+    L(tail);
+    store_c();
     test(al, 15);
-    jz(no_tail, T_NEAR);
-    t_load(kTileATail, reg_a, reg_lda, 0);
+    jz(done, T_NEAR);
+    // The tail configuration: the main one with tmm0 = A (m_r x 4t), tmma = B (t x 64), the
+    // other A and B tiles unconfigured.
+    vmovups(zmm0, zword[rip + c_cfg_]);
+    vmovups(zword[rsp + kTailCfgOff], zmm0);
+    for (int t = 1; t < na_ + nb_; ++t) {
+      if (t == na_) continue;
+      mov(byte[rsp + kTailCfgOff + 48 + t], 0);
+      mov(word[rsp + kTailCfgOff + 16 + 2 * t], 0);
+    }
+    mov(ecx, eax);
+    and_(ecx, 15);
+    mov(byte[rsp + kTailCfgOff + 48 + na_], cl);
+    shl(ecx, 2);
+    mov(word[rsp + kTailCfgOff + 16], cx);
+    t_cfg(rsp, kTailCfgOff);
+    mov(ecx, 64);
+    for (int v = 0; v < nv_; ++v) t_load(kTileC + v, rsp, rcx, kCBufOff + v * kCTileBytes);
+    t_load(0, reg_a, reg_lda, 0);
     for (int v = 0; v < nv_; ++v) {
-      t_load(kTileBTail, reg_w, reg_bstride, v * 64);
-      t_dp(kTileC + v, kTileATail, kTileBTail);
+      t_load(na_, reg_w, reg_bstride, v * 64);
+      t_dp(kTileC + v, 0, na_);
     }
     if (advance_tail) {
       mov(ecx, eax);
@@ -307,7 +380,9 @@ class AmxGemmGenerator : public JitGenerator {
       imul(rcx, rcx, row_bytes());
       add(reg_w, rcx);
     }
-    L(no_tail);
+    store_c();
+    t_cfg(rsp, kCfgOff);
+    L(done);
   }
 
   void store_c() {
@@ -315,8 +390,9 @@ class AmxGemmGenerator : public JitGenerator {
     for (int v = 0; v < nv_; ++v) t_store(kTileC + v, rsp, rcx, kCBufOff + v * kCTileBytes);
   }
 
-  // Rows [reg_row, reg_row + m_r) x the strip at reg_strip, over all of K.
-  void compute_block() {
+  // Rows [reg_row, reg_row + m_r) x the strip at reg_strip, over all of K. `pf`: prefetch the next
+  // strip (k_block).
+  void compute_block(bool pf = false) {
     mov(reg_a, reg_row);
     imul(reg_a, reg_lda);
     add(reg_a, arg(offsetof(GemmArgs, a)));
@@ -328,8 +404,7 @@ class AmxGemmGenerator : public JitGenerator {
     }
     for (int v = 0; v < nv_; ++v) t_zero(kTileC + v);
     mov(rax, qword[rsp + kSteps]);
-    steps_into_c(false);
-    store_c();
+    steps_into_cbuf(false, pf);
     epilogue(kCBufOff);
   }
 
@@ -342,26 +417,16 @@ class AmxGemmGenerator : public JitGenerator {
     mov(rdx, reg_comp);
     mov(rax, arg(offsetof(GemmArgs, g_per_strip)));
     mov(qword[rsp + kGroupsLeft], rax);
-    Label group_loop, regular, same_tail, last_done;
+    Label group_loop, regular;
     L(group_loop);
     {
       mov(rax, qword[rsp + kGroupSteps]);
       cmp(qword[rsp + kGroupsLeft], 1);
       jne(regular, T_NEAR);
-      // The last group: its own tail shape when it differs from the regular groups'.
-      mov(rcx, qword[rsp + kLastSteps]);
-      xor_(rcx, rax);
-      test(cl, 15);
-      mov(rax, qword[rsp + kLastSteps]);
-      jz(regular, T_NEAR);
-      mov(rcx, rax);
-      set_tail_cfg();
-      t_cfg(rsp, kCfgOff);
-      mov(rax, qword[rsp + kLastSteps]);
+      mov(rax, qword[rsp + kLastSteps]);  // the last group's own length
       L(regular);
       for (int v = 0; v < nv_; ++v) t_zero(kTileC + v);
-      steps_into_c(true);
-      store_c();
+      steps_into_cbuf(true);
       const int half = key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_;
       vmovups(zmm30, zword[rdx]);       // the gate half's (or the matrix's) scale
       vmovups(zmm31, zword[rdx + 64]);  // the up half's
@@ -376,15 +441,6 @@ class AmxGemmGenerator : public JitGenerator {
       dec(qword[rsp + kGroupsLeft]);
       jnz(group_loop, T_NEAR);
     }
-    // Back to the regular tail shape if the last group changed it.
-    mov(rcx, qword[rsp + kLastSteps]);
-    xor_(rcx, qword[rsp + kGroupSteps]);
-    test(cl, 15);
-    jz(last_done, T_NEAR);
-    mov(rcx, qword[rsp + kGroupSteps]);
-    set_tail_cfg();
-    t_cfg(rsp, kCfgOff);
-    L(last_done);
   }
 
   // ---- the strip decode of fp8 / mx into bf16 k pairs ----------------------------------------
@@ -622,8 +678,8 @@ class AmxGemmGenerator : public JitGenerator {
       cfg[17 + 2 * t] = uint8_t(colsb >> 8);
       cfg[48 + t] = uint8_t(rows);
     };
-    set(kTileA, mr_, 64);
-    set(kTileB, 16, 64);
+    for (int t = 0; t < na_; ++t) set(t, mr_, 64);
+    for (int t = na_; t < na_ + nb_; ++t) set(t, 16, 64);
     for (int v = 0; v < nv_; ++v) set(kTileC + v, mr_, 64);
     L(c_cfg_);
     for (uint8_t b : cfg) db(b);
@@ -648,6 +704,10 @@ class AmxGemmGenerator : public JitGenerator {
   const KernelKey key_;
   std::vector<amx::AmxOp>* log_;
   const int nv_, mr_;
+  const int na_ = amx_tile_split().a, nb_ = amx_tile_split().b;  // A and B tiles (top of file)
+  // the weights' next strip prefetched into L2 while an M block runs over this one (int8, bf16:
+  // the formats whose B tiles load the weights in place; KT_JIT_AMX_PREFETCH=1, off by default)
+  const bool pf_ = !dec_ && !fp8_ && amx_tile_split().prefetch;
   // int8_: the AMX-INT8 nest (int8, int4); pairs_: bf16 pairs decoded (fp8, mx); dec_: a strip
   // decode into the scratch first (int4 and the pair formats)
   const bool int8_, int4_, fp8_, mx4_, mx8_, pairs_, dec_;

@@ -531,7 +531,9 @@ void check_problem(const Problem& p, uint64_t* traps, uint64_t* dps,
       *traps += trap.traps;
       *dps += trap.tm.counters.dp;
       if (!kNativeAmx) {
-        EXPECT_EQ(trap.tm.counters.ldtilecfg, 1u);
+        // once at entry, and per M block twice more (the tail's and back) when K has a tail
+        const uint64_t tails = l.k4 % 16 ? uint64_t(nb) * uint64_t(ns) : 0u;
+        EXPECT_EQ(trap.tm.counters.ldtilecfg, 1u + 2u * tails);
         EXPECT_EQ(trap.tm.counters.tilerelease, 1u);
         // One TDPBUSD per vector per K block (full and tail) per M block per strip.
         const uint64_t kb = uint64_t(l.k4 / 16 + (l.k4 % 16 ? 1 : 0));
@@ -808,14 +810,14 @@ void check_problem_decoded(const DecProblem& p, uint64_t* dps, uint64_t* cfgs) {
     return g;
   };
   // fp8 tile K blocks per M block: per group ceil(pairs / 16); mx: K / 32.
-  uint64_t kblocks = 0;
-  bool last_differs = false;
+  // Each group with a tail of pairs reconfigures the tiles twice (the tail's and back).
+  uint64_t kblocks = 0, tails = 0;
   {
     const int64_t pairs = p.K / 2, gp = fp8 ? std::min(l.g_steps, p.K) / 2 : pairs;
     for (int64_t g0 = 0; g0 < pairs; g0 += gp) {
       const int64_t gl = std::min(gp, pairs - g0);
       kblocks += uint64_t((gl + 15) / 16);
-      last_differs = (gl % 16) != (gp % 16);
+      tails += gl % 16 ? 1u : 0u;
     }
   }
   for (int part = 0; part < 2; ++part) {
@@ -838,9 +840,8 @@ void check_problem_decoded(const DecProblem& p, uint64_t* dps, uint64_t* cfgs) {
       if (!kNativeAmx) {
         EXPECT_EQ(trap.tm.counters.dp, kblocks * uint64_t(nv) * uint64_t(nblk) * uint64_t(ns))
             << p.repro();
-        // once at entry, and per M block twice more when the last fp8 group has its own tail
-        EXPECT_EQ(trap.tm.counters.ldtilecfg,
-                  1u + (last_differs ? 2u * uint64_t(nblk) * uint64_t(ns) : 0u))
+        // once at entry, and per M block twice per tail
+        EXPECT_EQ(trap.tm.counters.ldtilecfg, 1u + 2u * tails * uint64_t(nblk) * uint64_t(ns))
             << p.repro();
       }
       gemm_ref(key, args_for(s0, ns, row0, nblk, r_ref));
