@@ -1688,9 +1688,15 @@ class GemmGenerator : public JitGenerator {
       for (int off = 0; off < pair_pf_bytes(); off += 64)
         prefetcht1(ptr[reg_pf + u * pair_pf_bytes() + off]);
     for (int v = 0; v < nv_; ++v) vmovups(wreg(v), zword[reg_w + (u * nv_ + v) * 64]);
-    for (int m = 0; m < mr_; ++m)
-      for (int v = 0; v < nv_; ++v)
-        vdpbf16ps(fp8p_ ? gacc(m, v) : acc(m, v), wreg(v), ptr_b[a_row(m) + 4 * u]);
+    // The row's pair goes through a register (one vpbroadcastd, renamed row after row) rather
+    // than as an embedded {1to16} broadcast per vdpbf16ps: on a Zen 5 a 6 x 4 tile of
+    // memory-broadcast dots ran at 86 % of the dot peak, register broadcasts at 99-100 %
+    // (the same for vpdpbusd; docs/BENCHMARKS.md, Zen 5).
+    const Xmm b = fp8p_ && fp8_scale_regs() ? vreg(30) : bcast();  // zmm28-29: the group scales
+    for (int m = 0; m < mr_; ++m) {
+      vpbroadcastd(b, dword[a_row(m) + 4 * u]);
+      for (int v = 0; v < nv_; ++v) vdpbf16ps(fp8p_ ? gacc(m, v) : acc(m, v), wreg(v), b);
+    }
   }
   void advance_pairs(int pairs, bool prefetch_next, int w_bytes_per_pair = 0) {
     if (prefetch_next) add(reg_pf, pair_pf_bytes() * pairs);
