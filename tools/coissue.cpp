@@ -2,9 +2,13 @@
 // pipes: a generated loop of groups of 6 independent zmm dot instructions (`vdpbf16ps` or
 // `vpdpbusd`, 24 accumulators, so one a cycle at the peak) with N copies of a probed instruction
 // added to each group, timed against the bare loop in the same process.
-//   build/ktjit_coissue [vdpbf16ps|vpdpbusd] [N] [probe ...]
+//   build/ktjit_coissue [vdpbf16ps|vpdpbusd][_reg] [N] [probe ...]
 // Prints, per probe, the extra cycles each copy costs the stream: 0 where it issues beside it, 1
-// where it takes a dot instruction's slot (the bare group is 6 cycles). A design aid for decode
+// where it takes a dot instruction's slot (the bare group is 6 cycles on a core that issues one
+// zmm dot a cycle, as a Zen 4; a Zen 5 issues two, and the cycles read half). The dots take their
+// second source as an embedded {1to16} broadcast from memory, as the kernels did before
+// 2026-11-27; with `_reg`, from a register (what a vpbroadcastd leaves): on a Zen 5 the memory
+// form held the stream to 86 % of the register form. A design aid for decode
 // and fold code (docs/evidence/zen4_avx512.md); speed is judged in `kt-jit bench`.
 #include <algorithm>
 #include <chrono>
@@ -71,7 +75,7 @@ std::vector<Probe> probes() {
 class Loop : public x64::JitGenerator {
  public:
   // fn(buf, iterations): `iterations` times 16 groups of 6 dot instructions + n probe copies.
-  Loop(bool bf16, const Probe* p, int n) : JitGenerator(IsaLevel::avx512_bf16, 1 << 18) {
+  Loop(bool bf16, bool reg, const Probe* p, int n) : JitGenerator(IsaLevel::avx512_bf16, 1 << 18) {
     Label top;
     mov(rax, rdi);
     for (int i = 24; i < 32; ++i) vmovups(Zmm(i), zword[rax + 64 * (i - 24)]);
@@ -80,8 +84,12 @@ class Loop : public x64::JitGenerator {
     for (int g = 0; g < 16; ++g) {
       for (int j = 0; j < 6; ++j, ++acc) {
         const Zmm c(acc % 24);
-        if (bf16)
+        if (bf16 && reg)
+          vdpbf16ps(c, Zmm(24), Zmm(25));
+        else if (bf16)
           vdpbf16ps(c, Zmm(24), ptr_b[rax + 4 * j]);
+        else if (reg)
+          vpdpbusd(c, Zmm(24), Zmm(25));
         else
           vpdpbusd(c, Zmm(24), ptr_b[rax + 4 * j]);
       }
@@ -95,8 +103,8 @@ class Loop : public x64::JitGenerator {
 };
 
 // Best time of 25 calls of 2000 iterations, in ns per group.
-double ns_per_group(bool bf16, const Probe* p, int n, void* buf) {
-  Loop loop(bf16, p, n);
+double ns_per_group(bool bf16, bool reg, const Probe* p, int n, void* buf) {
+  Loop loop(bf16, reg, p, n);
   const std::vector<uint8_t> code = loop.bytes();
   std::string err;
   ExecutableCode x = ExecutableCode::publish(code.data(), code.size(), &err);
@@ -119,9 +127,12 @@ double ns_per_group(bool bf16, const Probe* p, int n, void* buf) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string dot = argc > 1 ? argv[1] : "vdpbf16ps";
+  std::string dot = argc > 1 ? argv[1] : "vdpbf16ps";
+  const bool reg = dot.size() > 4 && dot.compare(dot.size() - 4, 4, "_reg") == 0;
+  if (reg) dot.resize(dot.size() - 4);
   if (dot != "vdpbf16ps" && dot != "vpdpbusd") {
-    std::fprintf(stderr, "coissue: the stream is vdpbf16ps or vpdpbusd, got %s\n", dot.c_str());
+    std::fprintf(stderr, "coissue: the stream is vdpbf16ps or vpdpbusd (+ _reg), got %s\n",
+                 dot.c_str());
     return 2;
   }
   const int n = argc > 2 ? std::atoi(argv[2]) : 2;
@@ -138,12 +149,12 @@ int main(int argc, char** argv) {
   alignas(64) static uint8_t buf[4096];
   for (size_t i = 0; i < sizeof buf; ++i) buf[i] = uint8_t(0x3f ^ (i & 0x11));  // finite values
   const bool bf16 = dot == "vdpbf16ps";
-  const double base = ns_per_group(bf16, nullptr, 0, buf);
-  std::printf("6 x %s a group: %.3f ns (%.2f GHz at one a cycle); %d probe copies a group\n",
-              dot.c_str(), base, 6.0 / base, n);
+  const double base = ns_per_group(bf16, reg, nullptr, 0, buf);
+  std::printf("6 x %s (%s) a group: %.3f ns (%.2f GHz at one a cycle); %d probe copies a group\n",
+              dot.c_str(), reg ? "register source" : "{1to16} memory source", base, 6.0 / base, n);
   std::printf("%-20s %10s %22s\n", "probe", "ns/group", "extra cycles a copy");
   for (const Probe& p : chosen) {
-    const double t = ns_per_group(bf16, &p, n, buf);
+    const double t = ns_per_group(bf16, reg, &p, n, buf);
     std::printf("%-20s %10.3f %22.2f\n", p.name, t, (t - base) / base * 6.0 / n);
   }
   return 0;
