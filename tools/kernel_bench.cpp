@@ -7,11 +7,12 @@
 // scatter = T > M the output rows are instead M of T rows (a random set, 32 sets cycled call by
 // call) of a T x N fp32 buffer allocated as the layer's partial rows are, so each call writes
 // rows it has not touched lately, as down writes its tokens' rows in a layer at T tokens.
-// Prints Gop/s next to the same run's peak of the instructions the kernel uses (vpdpbusd;
-// vpmaddubsw + vpmaddwd + vpaddd, or + vpaddw for int4's int16 sums; FMA for bf16; at isa amx
-// the tile multiply, tdpbusd or tdpbf16ps, for the AMX prefill kernels, whose bf16 activation rows
-// this bench fills with the bits of its fp32 rows: timing, not values). Speed is
-// judged here and in `kt-jit bench`, never in tests.
+// Prints Gop/s next to the same run's peak of the instructions the kernel uses: vpdpbusd;
+// vpmaddubsw + vpmaddwd + vpaddd, or + vpaddw for int4's int16 sums; FMA for bf16, but vdpbf16ps
+// for bf16 at avx512_bf16 from the pair tiles' tile_min_rows on; at isa amx the tile multiply,
+// tdpbusd or tdpbf16ps, for the AMX prefill kernels. The bf16 rows of the pair and AMX-BF16 tiles
+// are the bits of this bench's fp32 rows: timing, not values. Speed is judged here and in
+// `kt-jit bench`, never in tests.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -117,7 +118,11 @@ int main(int argc, char** argv) {
   // At isa amx the AMX tiles' 16-row blocks (M a multiple of 16 measures them alone; the
   // executor sends any other rows to the VNNI tiles).
   const bool amx_tiles = isa == IsaLevel::amx && ks.tile_rows && M >= ks.tile_rows;
-  const int mr = halves || amx_tiles ? ks.tile_rows : gemm_max_rows(isa, fmt);
+  // BF16 at avx512_bf16: the vdpbf16ps pair tiles the executor runs from tile_min_rows rows
+  // (its rows' bf16 pairs here the bits of the fp32 rows: timing, not values).
+  const bool pair_tiles = bf16 && isa == IsaLevel::avx512_bf16 && ks.tile_rows &&
+                          (ks.tile_full.variant & kBf16Pairs) && M >= ks.tile_min_rows;
+  const int mr = halves || amx_tiles || pair_tiles ? ks.tile_rows : gemm_max_rows(isa, fmt);
   KernelKey key;
   key.kind = M > mr || halves ? KernelKind::gemm_prefill : KernelKind::gemm_decode;
   key.isa = isa;
@@ -126,7 +131,7 @@ int main(int argc, char** argv) {
   key.n_vec = kStripVecs;
   key.epilogue = epi;
   if (halves) key.variant = ks.tile_full.variant;
-  if (amx_tiles) key = ks.tile_full;
+  if (amx_tiles || pair_tiles) key = ks.tile_full;
   const Kernel* k = KernelCache::instance().get(key);
   if (!k) return 1;
   GemmArgs args{a.data(),    lda,         w, l.full_strips, l.k4,  as.data(), sc.data(),
@@ -163,12 +168,14 @@ int main(int argc, char** argv) {
   const bool tiles = isa == IsaLevel::amx && key.kind == KernelKind::gemm_prefill;
   const PeakOp op = tiles && bf16               ? PeakOp::tdpbf16ps
                     : tiles                     ? PeakOp::tdpbusd
+                    : pair_tiles                ? PeakOp::dpbf16
                     : bf16                      ? PeakOp::fma_f32
                     : vnni                      ? PeakOp::vpdpbusd
                     : int4_int16_sums(isa, fmt) ? PeakOp::maddubsw_w
                                                 : PeakOp::maddubsw;
   const char* op_name = op == PeakOp::tdpbf16ps    ? "tdpbf16ps"
                         : op == PeakOp::tdpbusd    ? "tdpbusd"
+                        : op == PeakOp::dpbf16     ? "vdpbf16ps"
                         : bf16                     ? "FMA"
                         : vnni                     ? "vpdpbusd"
                         : op == PeakOp::maddubsw_w ? "vpmaddubsw+vpaddw"
