@@ -65,9 +65,9 @@ int decode_prefetch_bytes(const KernelKey& key) {
   const WeightFormat fmt = key.format;
   if (amd && vec_lanes(key.isa) == 16) {
     static const bool zen5 = cpu_features().family >= 0x1a;
+    if (!zen5) return 0;
     const bool nibbles = fmt == WeightFormat::int4 || fmt == WeightFormat::mxfp4 ||
                          (fmt == WeightFormat::qgroup && (key.variant & kQGroupNibbles));
-    if (!zen5) return 0;
     return nibbles ? kDecodePrefetchZen5Nib : fmt == WeightFormat::fp8 ? kDecodePrefetchZen5Fp8 : 0;
   }
   const bool lean_int = fmt == WeightFormat::int8 || fmt == WeightFormat::qgroup;
