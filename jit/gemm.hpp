@@ -309,9 +309,8 @@ inline bool strip_scratch_kernel(const KernelKey& key) {
 // blocks.
 // int8 at avx512_vnni / avx512_bf16: the rows after the blocks ran as decode tiles over each L2
 // chunk after its blocks, prefetching nothing, so DRAM idled through them (13 % of a Qwen3
-// T = 256 layer). As the call's short tile they run strip by strip between the blocks, and where
-// fewer blocks ran than prefetch the next strip (kFewPrefetchBlocks) the tail tile prefetches
-// the rest of it.
+// T = 256 layer). As the call's short tile they run strip by strip between the blocks, and in a
+// call of fewer than 8 blocks every tile prefetches its rows' share of the next strip.
 inline bool int8_tail_prefetch_kernel(const KernelKey& key) {
   return key.format == WeightFormat::int8 && key.kind == KernelKind::gemm_prefill &&
          (key.isa == IsaLevel::avx512_vnni || key.isa == IsaLevel::avx512_bf16);

@@ -366,9 +366,16 @@ class GemmGenerator : public JitGenerator {
              : fp8_ ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
              : qg_  ? qf_scale_slot(nv_) + (qgw_ || qgp_ ? mr_ * nv_ * vec_bytes() : 0) +
                          (qgl_ && qgb_ ? formats::kQGroupLaneMaxGroups * 32 : 0)
-             : i4w_ ? kI4AccStack + mr_ * nv_ * vec_bytes()
-                    : 16);
+             : i4w_            ? kI4AccStack + mr_ * nv_ * vec_bytes()
+             : pf_var_kernel() ? kPfStrideSlot + 8
+                               : 16);
     load_params();
+    if (pf_var_kernel()) {  // the call's rows, for pf_var_stride
+      mov(reg_tmp, arg(offsetof(GemmArgs, m_blocks)));
+      imul(reg_tmp, reg_tmp, mr_);
+      add(reg_tmp, arg(offsetof(GemmArgs, m_tail)));
+      mov(qword[rsp + kPfRowsSlot], reg_tmp);
+    }
     Label strip_loop, done;
     mov(reg_tmp, arg(offsetof(GemmArgs, n_strips)));
     test(reg_tmp, reg_tmp);
@@ -403,6 +410,10 @@ class GemmGenerator : public JitGenerator {
                               : fp8p_ || mxp_ || sfma_ ? 1
                               : half_                  ? kPrefetchBlocks / 2  // two passes a block
                                                        : kPrefetchBlocks;
+        // The vdpbf16ps pair kernels that take their tail rows prefetch from every tile
+        // (pf_var_): blocks 0-1 taking half each asked for the strip faster than DRAM gave it
+        // (a Qwen3 BF16 layer on a Zen 5 ran 1.12-1.14x faster at T = 256, 1.06-1.08x at 1024).
+        const bool pair_var = pairs_ && pf_var_kernel();
         strip_bytes_to(reg_pf);
         add(reg_pf, reg_strip);
         {  // the call's last strip prefetches GemmArgs::pf_last where the caller gave one
@@ -421,53 +432,51 @@ class GemmGenerator : public JitGenerator {
         if (pf_blocks > kFewPrefetchBlocks) {
           // A call of fewer blocks (e.g. 16 rows: two 6-row blocks) would leave most of the
           // next strip to demand misses: its first kFewPrefetchBlocks blocks prefetch
-          // pf_blocks / kFewPrefetchBlocks lines at each site instead, the whole strip.
+          // pf_blocks / kFewPrefetchBlocks lines at each site instead, the whole strip (int8 at
+          // the VNNI levels: every tile its share, below).
           Label many, after;
           cmp(reg_mb, pf_blocks);
           jge(many, T_NEAR);
           if (int8_tail_prefetch_kernel(key_)) {
-            // One block (6-11 rows): it prefetches the whole next strip, or, when a tail tile
-            // follows, 3/4 of it and the tail the rest (tail_rows below), so each asks for
-            // lines at about the rate it computes. An even split left a 1-row tail, whose K loop
-            // runs at a sixth of a block's time, asking DRAM for half the strip at once (7 rows
-            // ran at half the peak), and a block without a tail half the strip to demand misses.
-            Label two, tail_follows;
-            cmp(reg_mb, 1);
-            jne(two, T_NEAR);
-            cmp(arg(offsetof(GemmArgs, m_tail)), 0);
-            jne(tail_follows, T_NEAR);
-            pf_lines_ = pf_blocks;
-            block_loop(1);
-            jmp(after, T_NEAR);
-            L(tail_follows);
-            pf_lines_ = pf_blocks - pf_blocks / kOneBlockTailShare;
-            block_loop(1);
-            jmp(after, T_NEAR);
-            L(two);
+            // Every block and the tail tiles prefetch, each its rows' share of the next strip
+            // (pf_var_stride), so the strip is asked for at the rate it is computed. Before
+            // (2026-11-28), blocks 0-1 took half each, asking for it faster than DRAM gave it
+            // and then stalling on it: 16 rows streamed at 62-73 % of the peak on a Zen 5,
+            // with this 86-93 %.
+            pf_var_ = true;
+            block_loop(pf_blocks);
+            pf_var_ = false;
+          } else {
+            pf_lines_ = pf_blocks / kFewPrefetchBlocks;
+            block_loop(kFewPrefetchBlocks);
+            pf_lines_ = 1;
           }
-          pf_lines_ = pf_blocks / kFewPrefetchBlocks;
-          block_loop(kFewPrefetchBlocks);
-          pf_lines_ = 1;
           jmp(after, T_NEAR);
           L(many);
           block_loop(pf_blocks);
           L(after);
+        } else if (pair_var) {  // every block its share, whatever the call's rows
+          pf_var_ = true;
+          block_loop(kAllBlocks);
+          pf_var_ = false;
         } else {
           block_loop(pf_blocks);
         }
         L(mb_done);
         if (tail_rows_kernel(key_)) {
-          if (int8_tail_prefetch_kernel(key_) && pf_blocks > kFewPrefetchBlocks) {
-            // After one block the tail tile prefetches the rest of the next strip (its
-            // 1 / kOneBlockTailShare, from where the block stopped); after more (the few-block
-            // branch's first two prefetched it all) nothing. The executor's calls without a
-            // block are 7-row ones, whose split tiles prefetch the whole strip (tail_rows).
+          if (pair_var) {
+            pf_var_ = true;
+            tail_rows(true);
+            pf_var_ = false;
+          } else if (int8_tail_prefetch_kernel(key_)) {
+            // After fewer than pf_blocks blocks (or none: a 7-row call) the tail tiles
+            // prefetch their share of the next strip, as the blocks did (pf_var_stride).
             Label no_pf, tail_done;
-            cmp(reg_row, mr_);
-            jg(no_pf, T_NEAR);
-            pf_lines_ = pf_blocks / kOneBlockTailShare;
-            tail_rows(true, pf_blocks);
-            pf_lines_ = 1;
+            cmp(reg_row, pf_blocks * mr_);
+            jge(no_pf, T_NEAR);
+            pf_var_ = true;
+            tail_rows(true);
+            pf_var_ = false;
             jmp(tail_done, T_NEAR);
             L(no_pf);
             tail_rows(false);
@@ -563,10 +572,9 @@ class GemmGenerator : public JitGenerator {
   // rows would otherwise run the decode tiles, which decode every weight again); the vdpbf16ps
   // pair kernels the strip in place or, fp8, its decoded pairs (their callers would otherwise pad
   // the last block with zero rows); int8 the strip in place.
-  // split_tail_kernel: m_tail = m_r + 1 (7) runs as a 4-row and a 3-row tile. Prefetching,
-  // after a block they share its tail's pf_lines_; with no block before them (a 7-row call) they
-  // prefetch the whole next strip, pf_all lines a site between them.
-  void tail_rows(bool prefetch_next, int pf_all = 0) {
+  // split_tail_kernel: m_tail = m_r + 1 (7) runs as a 4-row and a 3-row tile. The int8 tail
+  // tiles prefetch with pf_var_ (each its rows' share of the next strip).
+  void tail_rows(bool prefetch_next) {
     Label done;
     const int rows = mr_;
     if (fused_first()) {  // a call of no block: the tail tile decodes the strip, stores nothing,
@@ -609,32 +617,16 @@ class GemmGenerator : public JitGenerator {
       Label next;
       cmp(arg(offsetof(GemmArgs, m_tail)), rows + 1);
       jne(next, T_NEAR);
-      const int tail_lines = pf_lines_, r0 = (rows + 2) / 2, r1 = (rows + 1) / 2;
-      auto split = [&](int pf0, int pf1) {  // lines a prefetch site for each tile
-        mov(reg_w, reg_strip);
-        mr_ = r0;
-        pf_lines_ = pf0;
-        compute_block(prefetch_next && pf0 > 0);
-        add(reg_row, r0);
-        mov(reg_w, reg_strip);
-        mr_ = r1;
-        pf_lines_ = pf1;
-        compute_block(prefetch_next && pf1 > 0);
-        sub(reg_row, r0);
-        mr_ = rows;
-        pf_lines_ = tail_lines;
-      };
-      if (prefetch_next) {
-        Label after_block;
-        test(reg_row, reg_row);
-        jnz(after_block, T_NEAR);
-        split(pf_all - pf_all * r1 / (rows + 1), pf_all * r1 / (rows + 1));  // as their rows
-        jmp(done, T_NEAR);
-        L(after_block);
-        split(tail_lines - tail_lines / 2, tail_lines / 2);
-      } else {
-        split(0, 0);
-      }
+      const int r0 = (rows + 2) / 2, r1 = (rows + 1) / 2;
+      mov(reg_w, reg_strip);
+      mr_ = r0;
+      compute_block(prefetch_next);
+      add(reg_row, r0);
+      mov(reg_w, reg_strip);
+      mr_ = r1;
+      compute_block(prefetch_next);
+      sub(reg_row, r0);
+      mr_ = rows;
       jmp(done, T_NEAR);
       L(next);
     }
@@ -667,6 +659,7 @@ class GemmGenerator : public JitGenerator {
   // The strip vector that tile vector v stands for (compute_block).
   int sv(int v) const { return p_ + v * vstride_; }
   void compute_tile(bool prefetch_next) {
+    if (prefetch_next && pf_var_) pf_var_stride();
     // Prefill accumulate tiles ask for their output lines before the K loop: the rows are the
     // tokens' partial rows (T x H fp32), which at large T outgrow the caches, and the epilogue's
     // read-modify-write of 6 rows x 4 lines waited on DRAM once per tile. The K loop hides the
@@ -730,11 +723,42 @@ class GemmGenerator : public JitGenerator {
   // Calls of fewer blocks than that prefetch the next strip from their first kFewPrefetchBlocks
   // blocks, pf_lines_ lines at each prefetch site (generate()).
   static constexpr int kFewPrefetchBlocks = 2;
-  // int8 at the VNNI levels: of a one-block call's next strip, the tail tile after the block
-  // prefetches this share (1 / 4: a 1-5 row tile's K loop runs at about 2-5 rows' time, L2
-  // bound below 2), the block the rest.
-  static constexpr int kOneBlockTailShare = 4;
   int pf_lines_ = 1;
+  // pf_var_ tiles (int8_tail_prefetch_kernel calls of fewer than kPrefetchBlocks blocks, and the
+  // vdpbf16ps pair kernels that take their tail rows, whose blocks 0-1 took half each): each
+  // prefetch site (every second K step) touches pf_var_lines() lines from reg_pf and moves reg_pf
+  // on by the tile's stride, L lines with L = floor(8 (row + rows) / M) - floor(8 row / M) for a
+  // tile of `rows` rows from `row` in a call of M rows: the tiles' shares of the strip's 8 lines a
+  // site in all, as their rows'. The executor's calls (prefill_split) give a block at most 8 and
+  // a tail tile at most 4, so the sites cover every line. A block touches 8 whatever its L (16
+  // rows: 3): this core drops a software prefetch it has no room for (a loop of prefetches alone
+  // retires at 100 GB/s), and the lines touched again are asked for again; a Qwen3 INT8 layer at
+  // T = 256 ran 1.05x faster than with 4 (a Zen 5). The tail tiles, whose K loops are short of
+  // load slots already, touch 4.
+  bool pf_var_ = false;
+  bool pf_var_kernel() const {
+    return int8_tail_prefetch_kernel(key_) || (pairs_ && tail_rows_kernel(key_));
+  }
+  static constexpr int kAllBlocks = 1 << 20;  // block_loop: every block prefetches
+  int pf_var_lines() const { return mr_ == key_.m_r ? 8 : 4; }
+  static constexpr int kPfRowsSlot = 16, kPfStrideSlot = 24;  // [rsp + 16]: M, [rsp + 24]: stride
+  void pf_var_site() {
+    for (int i = 0; i < pf_var_lines(); ++i) prefetcht1(ptr[reg_pf + i * 64]);
+    add(reg_pf, qword[rsp + kPfStrideSlot]);
+  }
+  void pf_var_stride() {
+    lea(reg_tmp.cvt32(), ptr[reg_row * kPrefetchBlocks + kPrefetchBlocks * mr_]);
+    xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
+    div(dword[rsp + kPfRowsSlot]);
+    mov(qword[rsp + kPfStrideSlot], reg_tmp);
+    lea(reg_tmp.cvt32(), ptr[reg_row * kPrefetchBlocks]);
+    xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
+    div(dword[rsp + kPfRowsSlot]);
+    mov(reg_tmp2, qword[rsp + kPfStrideSlot]);
+    sub(reg_tmp2, reg_tmp);
+    shl(reg_tmp2, 6);
+    mov(qword[rsp + kPfStrideSlot], reg_tmp2);
+  }
   // fp8: K steps in groups that share one scale per strip half; within a group as k_loop.
   void k_loop_fp8(bool prefetch_next) {
     Label group, inner, tail, gdone, done;
@@ -1689,15 +1713,18 @@ class GemmGenerator : public JitGenerator {
   // and mx pair prefill: the scratch it decoded the strip into),
   // reg_a / reg_a3 the bf16 activation rows (4 bytes a pair). Per pair: the strip's vectors into
   // wreg, then one vdpbf16ps per (row, vector) with the row's pair broadcast from memory. While
-  // prefetching, each pair step pulls two lines of the next strip (a full strip holds 4 lines a
-  // K pair), so the first kPairPrefetchBlocks = 2 blocks (every pair call has >= 2) cover it;
+  // prefetching, bf16 tiles that take their call's tail rows (avx512_bf16) pull their share of
+  // the next strip (pf_var_); others each pair step two lines of it (a full strip holds 4 lines
+  // a K pair), so the first kPairPrefetchBlocks = 2 blocks (every pair call has >= 2) cover it;
   // an fp8 or mxfp8 strip holds about 2 lines a K pair and an mxfp4 one about 1, so the first
   // block pulls that many (pair_pf_bytes) and covers it. k_loop drives these over the k pairs
   // (k_loop_fp8 for fp8 pair prefill, into the group sums).
   static constexpr int kPairPrefetchBlocks = 2;
   int pair_pf_bytes() const { return mxp_ && mx4_ ? 64 : 128; }  // (mx: ~3 % short, the scales)
   void microkernel_pairs(int u, bool prefetch_next) {
-    if (prefetch_next)
+    if (prefetch_next && pf_var_) {
+      if (u % 2 == 0) pf_var_site();
+    } else if (prefetch_next)
       for (int off = 0; off < pair_pf_bytes(); off += 64)
         prefetcht1(ptr[reg_pf + u * pair_pf_bytes() + off]);
     for (int v = 0; v < nv_; ++v) vmovups(wreg(v), zword[reg_w + (u * nv_ + v) * 64]);
@@ -1712,7 +1739,7 @@ class GemmGenerator : public JitGenerator {
     }
   }
   void advance_pairs(int pairs, bool prefetch_next, int w_bytes_per_pair = 0) {
-    if (prefetch_next) add(reg_pf, pair_pf_bytes() * pairs);
+    if (prefetch_next && !pf_var_) add(reg_pf, pair_pf_bytes() * pairs);
     add(reg_a, 4 * pairs);
     if (mr_ > 3) add(reg_a3, 4 * pairs);
     add(reg_w, (w_bytes_per_pair ? w_bytes_per_pair : nv_ * 64) * pairs);
@@ -1730,7 +1757,7 @@ class GemmGenerator : public JitGenerator {
   }
   void advance(int steps, bool prefetch_next) {
     const int a_bytes = bf16_ ? 8 : 4;  // bf16 FMA kernels: two fp32 activations a step
-    if (prefetch_next) add(reg_pf, 64 * pf_lines_ * ((steps + 1) / 2));
+    if (prefetch_next && !pf_var_) add(reg_pf, 64 * pf_lines_ * ((steps + 1) / 2));
     add(reg_a, a_bytes * steps);
     if (mr_ > 3) add(reg_a3, a_bytes * steps);
     advance_w(step_bytes() * steps);
@@ -1738,8 +1765,11 @@ class GemmGenerator : public JitGenerator {
 
   // One K step (`u` steps past the pointers): 4 k for every (row, vector) of the tile.
   void microkernel(int u, bool prefetch_next) {
-    if (prefetch_next && u % 2 == 0)
+    if (prefetch_next && u % 2 == 0 && pf_var_) {
+      pf_var_site();
+    } else if (prefetch_next && u % 2 == 0) {
       for (int i = 0; i < pf_lines_; ++i) prefetcht1(ptr[reg_pf + (u / 2 * pf_lines_ + i) * 64]);
+    }
     if (i4w_) {
       microkernel_int4w(u);
       return;
