@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=8, help="experts in the layer (default 8)")
     ap.add_argument("--top-k", type=int, default=2, help="experts each token takes (default 2)")
     ap.add_argument("--fp8-codes", default="checkpoint", choices=("checkpoint", "small"))
+    ap.add_argument("--gguf-type", default="Q4_K", help="LLAMAFILE: the GGUF block type (Q4_K)")
     ap.add_argument("--reps", type=int, default=300)
     args = ap.parse_args()
     shape = bench.SHAPES[args.shape]
@@ -39,8 +40,12 @@ def main() -> None:
     _core.init_pool(1, 1)
     gen = torch.Generator().manual_seed(0)
     src = [torch.randn(*s, generator=gen).mul_(0.02) for s in ((E, I, H), (E, I, H), (E, H, I))]
-    layer = bench._make_layer(_core, args.method, E, K, H, I, _core.isa(), None)
-    if args.fp8_codes == "small" and args.method.startswith("FP8"):
+    layer = bench._make_layer(_core, args.method, E, K, H, I, _core.isa(), args.gguf_type)
+    # GGUF and MX methods load codes and scales drawn as `kt-jit bench` draws them
+    codes = bench._random_sources(torch, args.method, E, H, I, gen, args.gguf_type)
+    if codes is not None:
+        bench._load_sources(layer, args.method, codes)
+    elif args.fp8_codes == "small" and args.method.startswith("FP8"):
         mats = [(t * 50).clamp(-448, 448).to(torch.float8_e4m3fn) for t in src]
         if args.method == "FP8":
             scales = [
