@@ -440,9 +440,9 @@ class GemmGenerator : public JitGenerator {
           if (int8_tail_prefetch_kernel(key_)) {
             // Every block and the tail tiles prefetch, each its rows' share of the next strip
             // (pf_var_stride), so the strip is asked for at the rate it is computed. Before
-            // (2026-11-28), blocks 0-1 took half each, asking for it faster than DRAM gave it
-            // and then stalling on it: 16 rows streamed at 62-73 % of the peak on a Zen 5,
-            // with this 86-93 %.
+            // (until a twenty-seventh session, 2026-11-27) blocks 0-1 took half each, asking
+            // for it faster than DRAM gave it and then stalling on it: 16 rows streamed at
+            // 62-73 % of the peak on a Zen 5, with this 86-93 %.
             pf_var_ = true;
             block_loop(pf_blocks);
             pf_var_ = false;
