@@ -541,13 +541,16 @@ class GemmGenerator : public JitGenerator {
   // first pf_blocks of them prefetching the next one (at reg_pf).
   void block_loop(int pf_blocks) {
     Label mb_loop, no_pf, next;
+    const bool all = pf_blocks == kAllBlocks;
     L(mb_loop);
     if (scratch_pairs())
       mov(reg_w, arg(offsetof(GemmArgs, scratch)));
     else
       mov(reg_w, reg_strip);
-    cmp(reg_row, pf_blocks * mr_);
-    jge(no_pf, T_NEAR);
+    if (!all) {
+      cmp(reg_row, pf_blocks * mr_);
+      jge(no_pf, T_NEAR);
+    }
     if (fused_first()) {  // pf_blocks is 1: this is the call's first block
       mov(reg_w, reg_strip);
       mov(reg_sw, arg(offsetof(GemmArgs, scratch)));
@@ -557,9 +560,11 @@ class GemmGenerator : public JitGenerator {
     } else {
       compute_block(true);
     }
-    jmp(next, T_NEAR);
-    L(no_pf);
-    compute_block(false);
+    if (!all) {
+      jmp(next, T_NEAR);
+      L(no_pf);
+      compute_block(false);
+    }
     L(next);
     add(reg_row, mr_);
     dec(reg_mb);
