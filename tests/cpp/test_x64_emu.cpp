@@ -193,6 +193,37 @@ TEST(X64Emu, VpblendwPicksWordsPerLane) {
   for (int i = 32; i < 64; ++i) EXPECT_EQ(o.b[3][i], 0) << i;
 }
 
+// Unsigned div (the prefill kernels' prefetch strides, jit/x64/gemm.cpp pf_var_stride): 32-bit
+// from edx:eax by a memory operand, and 64-bit from rdx:rax by a register; the quotient and the
+// remainder stored into zmm0's first dwords and its second and third qwords.
+TEST(X64Emu, DivIsUnsigned) {
+  Regs in{};
+  in.as<uint32_t>(1)[0] = 7;            // the 32-bit divisor, in memory
+  in.as<uint64_t>(2)[0] = 0x100000000;  // the 64-bit divisor
+  Regs out = run(
+      [](Snippet& g) {
+        g.mov(g.eax, 0xfffffff0u);  // edx:eax = 2^32 + 0xfffffff0: the quotient fits 32 bits
+        g.mov(g.edx, 1);
+        g.div(g.dword[g.rdi + 64]);
+        g.mov(g.dword[g.rdi + 192], g.eax);
+        g.mov(g.dword[g.rdi + 196], g.edx);
+        g.mov(g.rax, 0x123456789abcdefull);
+        g.mov(g.edx, 5);  // rdx:rax = 5 * 2^64 + rax
+        g.mov(g.rcx, g.ptr[g.rdi + 128]);
+        g.div(g.rcx);
+        g.mov(g.qword[g.rdi + 208], g.rax);
+        g.mov(g.qword[g.rdi + 216], g.rdx);
+        g.vmovups(g.zmm0, g.ptr[g.rdi + 192]);
+      },
+      in, IsaLevel::avx512);
+  const uint64_t n32 = (uint64_t(1) << 32) | 0xfffffff0u;
+  EXPECT_EQ(out.as<uint32_t>(3)[0], uint32_t(n32 / 7));
+  EXPECT_EQ(out.as<uint32_t>(3)[1], uint32_t(n32 % 7));
+  const unsigned __int128 n64 = (static_cast<unsigned __int128>(5) << 64) | 0x123456789abcdefull;
+  EXPECT_EQ(out.as<uint64_t>(3)[2], uint64_t(n64 / 0x100000000ull));
+  EXPECT_EQ(out.as<uint64_t>(3)[3], uint64_t(n64 % 0x100000000ull));
+}
+
 TEST(X64Emu, RefusesWhatItDoesNotImplement) {
   Snippet s([](Snippet& g) { g.vpconflictd(g.zmm0, g.zmm1); });
   Regs r{};

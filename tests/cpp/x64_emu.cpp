@@ -446,6 +446,23 @@ class Machine {
         write_int(rip, in, o[0], uint64_t(r));
         return;
       }
+      case ZYDIS_MNEMONIC_DIV: {  // unsigned rdx:rax (edx:eax) / src -> rax quotient, rdx rest
+        const ZydisDecodedOperand* src = o[0];
+        const uint64_t d = read_int(rip, in, src);
+        if (d == 0) fail(rip, "div by zero (#DE)");
+        unsigned __int128 n;
+        if (src->size == 64)
+          n = (static_cast<unsigned __int128>(gpr_[2]) << 64) | gpr_[0];
+        else if (src->size == 32)
+          n = (uint64_t(uint32_t(gpr_[2])) << 32) | uint32_t(gpr_[0]);
+        else
+          fail(rip, "div of this width is not implemented");
+        const unsigned __int128 q = n / d;
+        if (q >> src->size) fail(rip, "div quotient overflow (#DE)");
+        gpr_[0] = uint64_t(q);  // (a 32-bit result zeroes the upper halves)
+        gpr_[2] = uint64_t(n % d);
+        return;  // (the flags are undefined after div: left as they were)
+      }
       case ZYDIS_MNEMONIC_PUSH:
         gpr_[4] -= 8;
         {
