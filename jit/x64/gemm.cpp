@@ -362,19 +362,20 @@ class GemmGenerator : public JitGenerator {
 
   // ---- loop nest --------------------------------------------------------------------------
   void generate() {
-    preamble(mx_    ? kMxAccStack + (mx_stack_acc() ? mr_ * nv_ * vec_bytes() : 0)
-             : fp8_ ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
-             : qg_  ? qf_scale_slot(nv_) + (qgw_ || qgp_ ? mr_ * nv_ * vec_bytes() : 0) +
-                         (qgl_ && qgb_ ? formats::kQGroupLaneMaxGroups * 32 : 0)
-             : i4w_            ? kI4AccStack + mr_ * nv_ * vec_bytes()
-             : pf_var_kernel() ? kPfStrideSlot + 8
-                               : 16);
+    const int stack = mx_    ? kMxAccStack + (mx_stack_acc() ? mr_ * nv_ * vec_bytes() : 0)
+                      : fp8_ ? kFp8AccStack + (fp8_stack_acc() ? mr_ * nv_ * 64 : 0)
+                      : qg_  ? qf_scale_slot(nv_) + (qgw_ || qgp_ ? mr_ * nv_ * vec_bytes() : 0) +
+                                  (qgl_ && qgb_ ? formats::kQGroupLaneMaxGroups * 32 : 0)
+                      : i4w_ ? kI4AccStack + mr_ * nv_ * vec_bytes()
+                             : 16;
+    pf_slot_ = stack;  // pf_var_kernel: the call's rows, then a tile's stride, above the rest
+    preamble(stack + (pf_var_kernel() ? 16 : 0));
     load_params();
     if (pf_var_kernel()) {  // the call's rows, for pf_var_stride
       mov(reg_tmp, arg(offsetof(GemmArgs, m_blocks)));
       imul(reg_tmp, reg_tmp, mr_);
       add(reg_tmp, arg(offsetof(GemmArgs, m_tail)));
-      mov(qword[rsp + kPfRowsSlot], reg_tmp);
+      mov(qword[rsp + pf_slot_], reg_tmp);
     }
     Label strip_loop, done;
     mov(reg_tmp, arg(offsetof(GemmArgs, n_strips)));
@@ -551,7 +552,7 @@ class GemmGenerator : public JitGenerator {
       cmp(reg_row, pf_blocks * mr_);
       jge(no_pf, T_NEAR);
     }
-    if (fused_first()) {  // pf_blocks is 1: this is the call's first block
+    if (fused_first()) {  // pf_blocks is 1 (not kAllBlocks): this is the call's first block
       mov(reg_w, reg_strip);
       mov(reg_sw, arg(offsetof(GemmArgs, scratch)));
       fuse_ = true;
@@ -746,23 +747,23 @@ class GemmGenerator : public JitGenerator {
   }
   static constexpr int kAllBlocks = 1 << 20;  // block_loop: every block prefetches
   int pf_var_lines() const { return mr_ == key_.m_r ? 8 : 4; }
-  static constexpr int kPfRowsSlot = 16, kPfStrideSlot = 24;  // [rsp + 16]: M, [rsp + 24]: stride
+  int pf_slot_ = 0;  // [rsp + pf_slot_]: the call's rows M, [rsp + pf_slot_ + 8]: the stride
   void pf_var_site() {
     for (int i = 0; i < pf_var_lines(); ++i) prefetcht1(ptr[reg_pf + i * 64]);
-    add(reg_pf, qword[rsp + kPfStrideSlot]);
+    add(reg_pf, qword[rsp + pf_slot_ + 8]);
   }
   void pf_var_stride() {
     lea(reg_tmp.cvt32(), ptr[reg_row * kPrefetchBlocks + kPrefetchBlocks * mr_]);
     xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
-    div(dword[rsp + kPfRowsSlot]);
-    mov(qword[rsp + kPfStrideSlot], reg_tmp);
+    div(dword[rsp + pf_slot_]);
+    mov(qword[rsp + pf_slot_ + 8], reg_tmp);
     lea(reg_tmp.cvt32(), ptr[reg_row * kPrefetchBlocks]);
     xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
-    div(dword[rsp + kPfRowsSlot]);
-    mov(reg_tmp2, qword[rsp + kPfStrideSlot]);
+    div(dword[rsp + pf_slot_]);
+    mov(reg_tmp2, qword[rsp + pf_slot_ + 8]);
     sub(reg_tmp2, reg_tmp);
     shl(reg_tmp2, 6);
-    mov(qword[rsp + kPfStrideSlot], reg_tmp2);
+    mov(qword[rsp + pf_slot_ + 8], reg_tmp2);
   }
   // fp8: K steps in groups that share one scale per strip half; within a group as k_loop.
   void k_loop_fp8(bool prefetch_next) {
