@@ -735,18 +735,19 @@ class GemmGenerator : public JitGenerator {
   // prefetch site (every second K step) touches pf_var_lines() lines from reg_pf and moves reg_pf
   // on by the tile's stride, L lines with L = floor(8 (row + rows) / M) - floor(8 row / M) for a
   // tile of `rows` rows from `row` in a call of M rows: the tiles' shares of the strip's 8 lines a
-  // site in all, as their rows'. The executor's calls (prefill_split) give a block at most 8 and
-  // a tail tile at most 4, so the sites cover every line. A block touches 8 whatever its L (16
-  // rows: 3): this core drops a software prefetch it has no room for (a loop of prefetches alone
-  // retires at 100 GB/s), and the lines touched again are asked for again; a Qwen3 INT8 layer at
-  // T = 256 ran 1.05x faster than with 4 (a Zen 5). The tail tiles, whose K loops are short of
-  // load slots already, touch 4.
+  // site in all, as their rows'. The executor's calls (prefill_split; BF16 pairs from 5 rows)
+  // give a block or a 5-row tile at most 8 (a 5-row BF16 call is that tile alone) and a smaller
+  // tile at most 4, so the sites cover every line (Gemm.PrefillPrefetchCoversTheNextStrip). A
+  // block touches 8 whatever its L (16 rows: 3): this core drops a software prefetch it has no
+  // room for (a loop of prefetches alone retires at 100 GB/s), and the lines touched again are
+  // asked for again; a Qwen3 INT8 layer at T = 256 ran 1.05x faster than with 4 (a Zen 5). The
+  // smaller tiles, whose K loops are short of load slots already, touch 4.
   bool pf_var_ = false;
   bool pf_var_kernel() const {
     return int8_tail_prefetch_kernel(key_) || (pairs_ && tail_rows_kernel(key_));
   }
   static constexpr int kAllBlocks = 1 << 20;  // block_loop: every block prefetches
-  int pf_var_lines() const { return mr_ == key_.m_r ? 8 : 4; }
+  int pf_var_lines() const { return mr_ >= 5 ? 8 : 4; }
   int pf_slot_ = 0;  // [rsp + pf_slot_]: the call's rows M, [rsp + pf_slot_ + 8]: the stride
   void pf_var_site() {
     for (int i = 0; i < pf_var_lines(); ++i) prefetcht1(ptr[reg_pf + i * 64]);

@@ -633,5 +633,73 @@ TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
   }
 }
 
+#if !defined(__aarch64__)
+// The prefill kernels whose tiles prefetch their rows' shares of the next strip (jit/x64/gemm.cpp
+// pf_var_: int8 at the VNNI levels, the vdpbf16ps pair tiles) ask for every line of it, for the
+// row counts the executor gives them (prefill_split), blocks or none: a call over strips 0-1 runs
+// in the interpreter, which logs each prefetch, and the lines of strips 1 and 2 (the bytes after
+// the call's last strip) must all be among them, and no prefetch of the weights outside them (but
+// for the last sites' reach, 8 lines; the next strip's scales are prefetched from their arrays). A
+// speed property checked as a fact: a line left out is a demand miss to DRAM, a line asked for from
+// too far away a line fetched for nothing.
+TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
+  const int64_t N = 3 * 64, K = 256;  // three full 64-column strips
+  for (const bool bf16 : {false, true})
+    for (const int rows : {5, 6, 7, 8, 9, 11, 12, 13, 14, 16, 19, 20, 25, 47, 48, 61}) {
+      KernelKey key = key_for(IsaLevel::avx512_bf16, KernelKind::gemm_prefill, 6, kStripVecs,
+                              Epilogue::store, bf16 ? WeightFormat::bf16 : WeightFormat::int8);
+      if (bf16) key.variant = kBf16Pairs;
+      if (!bf16 && rows < 7) continue;  // int8 prefill calls start at 7 rows
+      const auto l = formats::StripLayout::make(N, K, 16, kStripVecs, 1, bf16 ? 16 : 8,
+                                                bf16 ? bf16_kgroup(key.isa) : 0);
+      const int64_t strip = l.strip_offset(1) - l.strip_offset(0);
+      AlignedBuffer w(size_t(l.total_bytes() + 64 * 64));  // (with room past the strips)
+      std::memset(w.as<uint8_t>(), 0, size_t(l.total_bytes()));
+      std::vector<float> scale(size_t(l.total_cols()), 1.0f), a_scale(size_t(rows), 1.0f);
+      std::vector<int32_t> comp(size_t(l.total_cols()), 0);
+      std::vector<int8_t> a(size_t(rows * K * 2), 0);  // int8 rows, or bf16 rows of 2 bytes
+      std::vector<float> out(size_t(rows * N), 0.0f);
+      std::vector<float*> out_rows;
+      for (int r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * N);
+      const PrefillSplit sp = prefill_split(key, rows);
+      GemmArgs args{};
+      args.a = a.data();
+      args.lda = bf16 ? K * 2 : K;
+      args.w = w.as<int8_t>();
+      args.n_strips = 2;
+      args.k4 = l.k4;
+      args.a_scale = a_scale.data();
+      args.w_scale = scale.data();
+      args.w_comp = comp.data();
+      args.out_rows = out_rows.data();
+      args.m_blocks = sp.blocks;
+      args.m_tail = sp.tail;
+      std::vector<uint64_t> lines;
+      test::EmuOptions opt;
+      opt.on_prefetch = [&](uint64_t addr) { lines.push_back(addr / 64); };
+      const Kernel* k = KernelCache::instance().get(key);
+      ASSERT_NE(k, nullptr) << key.name();
+      test::emulate_x64(k->code.data(), k->code.size(), &args, opt);
+      const uint64_t w0 = reinterpret_cast<uint64_t>(w.as<uint8_t>()) / 64;
+      const uint64_t w_end = w0 + w.size() / 64;
+      const uint64_t first = w0 + uint64_t(strip / 64);
+      const uint64_t end = first + uint64_t(2 * strip / 64);  // strips 1 and 2
+      std::vector<bool> seen(size_t(end - first), false);
+      int64_t outside = 0;  // weight lines (not the scales' own arrays) out of [first, end + 8)
+      for (uint64_t line : lines) {
+        if (line >= first && line < end)
+          seen[size_t(line - first)] = true;
+        else if (line >= w0 && line < w_end && (line < first || line >= end + 8))
+          ++outside;
+      }
+      const int64_t missed = std::count(seen.begin(), seen.end(), false);
+      EXPECT_EQ(missed, 0) << key.name() << " " << rows << " rows (" << sp.blocks
+                           << " blocks, tail " << sp.tail
+                           << "): lines of the next strips never prefetched";
+      EXPECT_EQ(outside, 0) << key.name() << " " << rows << " rows: prefetches outside them";
+    }
+}
+#endif
+
 }  // namespace
 }  // namespace ktjit

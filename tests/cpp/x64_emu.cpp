@@ -360,11 +360,13 @@ class Machine {
     const auto* o = in.op;
     const int bits = in.nops ? o[0]->size : 64;
     switch (in.d.mnemonic) {
-      case ZYDIS_MNEMONIC_NOP:
+      case ZYDIS_MNEMONIC_NOP: return;
       case ZYDIS_MNEMONIC_PREFETCHT0:
       case ZYDIS_MNEMONIC_PREFETCHT1:
       case ZYDIS_MNEMONIC_PREFETCHT2:
-      case ZYDIS_MNEMONIC_PREFETCHNTA: return;
+      case ZYDIS_MNEMONIC_PREFETCHNTA:
+        if (opt_.on_prefetch) opt_.on_prefetch(address(rip, in, o[0]));
+        return;
       case ZYDIS_MNEMONIC_MOV: write_int(rip, in, o[0], read_int(rip, in, o[1])); return;
       case ZYDIS_MNEMONIC_MOVSXD:
       case ZYDIS_MNEMONIC_MOVSX: {

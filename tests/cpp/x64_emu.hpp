@@ -37,6 +37,9 @@ struct EmuOptions {
   uint64_t max_instructions = 4000000000ull;
   // Called with each AMX instruction before the tile model executes it (offset from the entry).
   std::function<void(const amx::AmxOp&)> on_amx;
+  // Called with the address of each software prefetch (prefetcht0/t1/t2/nta), which otherwise
+  // does nothing here.
+  std::function<void(uint64_t)> on_prefetch;
 };
 
 // Runs `code` (entry at offset 0, System V ABI) with `arg0` in rdi until its outermost `ret`.
