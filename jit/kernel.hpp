@@ -18,6 +18,9 @@
 
 namespace ktjit {
 
+// An on/off environment switch: "1" on, "0" off, unset `unset`, anything else an error naming it.
+bool env_switch(const char* name, bool unset);
+
 enum class KernelKind : uint8_t {
   gemm_decode = 0,   // all rows of a call in one pass, strips streamed back to back
   gemm_prefill = 1,  // M-block loop inside each strip so the strip is reused from cache

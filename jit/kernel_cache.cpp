@@ -3,12 +3,23 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
 #include "jit/kernel.hpp"
 
 namespace ktjit {
+
+bool env_switch(const char* name, bool unset) {
+  const char* e = std::getenv(name);
+  if (!e) return unset;
+  if (!std::strcmp(e, "1")) return true;
+  if (!std::strcmp(e, "0")) return false;
+  throw std::invalid_argument(std::string(name) + " must be 0 or 1, got '" + e + "'");
+}
 namespace {
 
 const char* kind_name(KernelKind k) {

@@ -45,27 +45,19 @@ bool fp8_pair_order_at(IsaLevel isa, bool k_pairs) {
 // block plus a decode remainder), so padding the last block is the cheaper way.
 constexpr int kNeonBf16PairMinRows = 6;
 
-// An on/off environment switch: unset or "1" is on, "0" off, anything else an error naming it.
-bool env_switch_on(const char* name) {
-  const char* e = std::getenv(name);
-  if (!e || !std::strcmp(e, "1")) return true;
-  if (!std::strcmp(e, "0")) return false;
-  throw std::invalid_argument(std::string(name) + " must be 0 or 1, got '" + e + "'");
-}
-
 // KT_JIT_QGROUP_FOLDS=0 keeps the per-group fp32 order at avx2 and the VNNI levels too: no int32
 // (kQGroupIntFold) or int16-lane (kQGroupLaneFold) super-block folds at avx2, no fp32 super-block
 // partials (kQGroupSuperSums) at the VNNI levels, so every level's kernels give the same result
 // bits; read when a layer is built. Unset or 1: the folds where the codes allow them.
 bool qgroup_folds_allowed() {
-  return env_switch_on("KT_JIT_QGROUP_FOLDS");
+  return env_switch("KT_JIT_QGROUP_FOLDS", true);
 }
 
 // KT_JIT_HALF_STRIPS=0 turns the avx2 half-strip tiles off (jit/kernel.hpp kHalfStrips,
 // jit/gemm.hpp half_strip_format): prefill then runs 2-row tiles only. The same bits either way;
 // read when a kernel set is made.
 bool half_strips_allowed() {
-  return env_switch_on("KT_JIT_HALF_STRIPS");
+  return env_switch("KT_JIT_HALF_STRIPS", true);
 }
 
 // qgroup offset codes (jit/kernel.hpp kQGroupOffset): c0, or -1 for the sign-step kernels (avx2,

@@ -48,7 +48,6 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -83,8 +82,7 @@ struct AmxTileSplit {
 AmxTileSplit amx_tile_split() {
   static const AmxTileSplit split = [] {
     AmxTileSplit t;
-    if (const char* pf = std::getenv("KT_JIT_AMX_PREFETCH"); pf && *pf)
-      t.prefetch = std::strcmp(pf, "0") != 0;
+    t.prefetch = env_switch("KT_JIT_AMX_PREFETCH", false);
     const char* env = std::getenv("KT_JIT_AMX_TILES");
     if (!env || !*env) return t;
     int a = 0, b = 0;
