@@ -445,7 +445,7 @@ class GemmGenerator : public JitGenerator {
             // for it faster than DRAM gave it and then stalling on it: 16 rows streamed at
             // 62-73 % of the peak on a Zen 5, with this 86-93 %.
             pf_var_ = true;
-            block_loop(pf_blocks);
+            block_loop(kAllBlocks);  // (fewer than pf_blocks here: each prefetches)
             pf_var_ = false;
           } else {
             pf_lines_ = pf_blocks / kFewPrefetchBlocks;
