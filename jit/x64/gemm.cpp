@@ -368,14 +368,15 @@ class GemmGenerator : public JitGenerator {
                                   (qgl_ && qgb_ ? formats::kQGroupLaneMaxGroups * 32 : 0)
                       : i4w_ ? kI4AccStack + mr_ * nv_ * vec_bytes()
                              : 16;
-    pf_slot_ = stack;  // pf_var_kernel: the call's rows, then a tile's stride, above the rest
-    preamble(stack + (pf_var_kernel() ? 16 : 0));
+    pf_slot_ = stack;  // pf_var_kernel: the call's rows, a tile's stride (qgroup: bytes a site)
+    preamble(stack + (pf_var_kernel() ? (qg_ ? 32 : 16) : 0));
     load_params();
     if (pf_var_kernel()) {  // the call's rows, for pf_var_stride
       mov(reg_tmp, arg(offsetof(GemmArgs, m_blocks)));
       imul(reg_tmp, reg_tmp, mr_);
       add(reg_tmp, arg(offsetof(GemmArgs, m_tail)));
       mov(qword[rsp + pf_slot_], reg_tmp);
+      if (qg_) qg_pf_var_setup();
     }
     Label strip_loop, done;
     mov(reg_tmp, arg(offsetof(GemmArgs, n_strips)));
@@ -434,23 +435,37 @@ class GemmGenerator : public JitGenerator {
           // A call of fewer blocks (e.g. 16 rows: two 6-row blocks) would leave most of the
           // next strip to demand misses: its first kFewPrefetchBlocks blocks prefetch
           // pf_blocks / kFewPrefetchBlocks lines at each site instead, the whole strip (int8 at
-          // the VNNI levels: every tile its share, below).
+          // the VNNI levels and qgroup at the AVX-512 levels: every tile its share, below).
           Label many, after;
           cmp(reg_mb, pf_blocks);
           jge(many, T_NEAR);
-          if (int8_tail_prefetch_kernel(key_)) {
+          auto old_rule = [&] {
+            pf_lines_ = pf_blocks / kFewPrefetchBlocks;
+            block_loop(kFewPrefetchBlocks);
+            pf_lines_ = 1;
+          };
+          if (pf_var_kernel()) {
             // Every block and the tail tiles prefetch, each its rows' share of the next strip
             // (pf_var_stride), so the strip is asked for at the rate it is computed. Before
             // (until a twenty-seventh session, 2026-11-27) blocks 0-1 took half each, asking
             // for it faster than DRAM gave it and then stalling on it: 16 rows streamed at
-            // 62-73 % of the peak on a Zen 5, with this 86-93 %.
+            // 62-73 % of the peak on a Zen 5, with this 86-93 %. qgroup likewise (a
+            // twenty-eighth session: Qwen3 GGUF layers at T = 256 1.12-1.36x faster).
+            Label old;
+            if (qg_) {  // (a site's share of the strip more than it touches: the old rule)
+              cmp(qword[rsp + pf_slot_ + 16], 0);
+              je(old, T_NEAR);
+            }
             pf_var_ = true;
             block_loop(kAllBlocks);  // (fewer than pf_blocks here: each prefetches)
             pf_var_ = false;
+            if (qg_) {
+              jmp(after, T_NEAR);
+              L(old);
+              old_rule();
+            }
           } else {
-            pf_lines_ = pf_blocks / kFewPrefetchBlocks;
-            block_loop(kFewPrefetchBlocks);
-            pf_lines_ = 1;
+            old_rule();
           }
           jmp(after, T_NEAR);
           L(many);
@@ -469,12 +484,16 @@ class GemmGenerator : public JitGenerator {
             pf_var_ = true;
             tail_rows(true);
             pf_var_ = false;
-          } else if (int8_tail_prefetch_kernel(key_)) {
+          } else if (pf_var_kernel()) {
             // After fewer than pf_blocks blocks (or none: a 7-row call) the tail tiles
             // prefetch their share of the next strip, as the blocks did (pf_var_stride).
             Label no_pf, tail_done;
             cmp(reg_row, pf_blocks * mr_);
             jge(no_pf, T_NEAR);
+            if (qg_) {  // (the old rule: the blocks took it all)
+              cmp(qword[rsp + pf_slot_ + 16], 0);
+              je(no_pf, T_NEAR);
+            }
             pf_var_ = true;
             tail_rows(true);
             pf_var_ = false;
@@ -730,8 +749,9 @@ class GemmGenerator : public JitGenerator {
   // blocks, pf_lines_ lines at each prefetch site (generate()).
   static constexpr int kFewPrefetchBlocks = 2;
   int pf_lines_ = 1;
-  // pf_var_ tiles (int8_tail_prefetch_kernel calls of fewer than kPrefetchBlocks blocks, and the
-  // vdpbf16ps pair kernels that take their tail rows, whose blocks 0-1 took half each): each
+  // pf_var_ tiles (int8_tail_prefetch_kernel and, not half-strip, qgroup_tail_rows_kernel calls of
+  // fewer than kPrefetchBlocks blocks, and the vdpbf16ps pair kernels that take their tail rows,
+  // whose blocks 0-1 took half each; qgroup's shares are in bytes: qg_pf_var_setup): each
   // prefetch site (every second K step) touches pf_var_lines() lines from reg_pf and moves reg_pf
   // on by the tile's stride, L lines with L = floor(8 (row + rows) / M) - floor(8 row / M) for a
   // tile of `rows` rows from `row` in a call of M rows: the tiles' shares of the strip's 8 lines a
@@ -741,19 +761,62 @@ class GemmGenerator : public JitGenerator {
   // block touches 8 whatever its L (16 rows: 3): this core drops a software prefetch it has no
   // room for (a loop of prefetches alone retires at 100 GB/s), and the lines touched again are
   // asked for again; a Qwen3 INT8 layer at T = 256 ran 1.05x faster than with 4 (a Zen 5). The
-  // smaller tiles, whose K loops are short of load slots already, touch 4.
+  // smaller tiles, whose K loops are short of load slots already, touch 4. qgroup tiles touch a
+  // K step pair's code lines (nibbles 4, bytes 8: 1.08x faster than 8 for Q4_K at T = 256).
   bool pf_var_ = false;
   bool pf_var_kernel() const {
-    return int8_tail_prefetch_kernel(key_) || (pairs_ && tail_rows_kernel(key_));
+    return int8_tail_prefetch_kernel(key_) || (pairs_ && tail_rows_kernel(key_)) ||
+           (qg_ && !half_ && qgroup_tail_rows_kernel(key_));
   }
   static constexpr int kAllBlocks = 1 << 20;  // block_loop: every block prefetches
-  int pf_var_lines() const { return mr_ >= 5 ? 8 : 4; }
-  int pf_slot_ = 0;  // [rsp + pf_slot_]: the call's rows M, [rsp + pf_slot_ + 8]: the stride
+  int pf_var_lines() const { return qg_ ? 2 * step_bytes() / 64 : mr_ >= 5 ? 8 : 4; }
+  // [rsp + pf_slot_]: the call's rows M, [rsp + pf_slot_ + 8]: the tile's stride, qgroup: [+ 16]
+  // the bytes a site (qg_pf_var_setup), or 0 where that is more than a site touches (the old rule)
+  int pf_slot_ = 0;
   void pf_var_site() {
     for (int i = 0; i < pf_var_lines(); ++i) prefetcht1(ptr[reg_pf + i * 64]);
     add(reg_pf, qword[rsp + pf_slot_ + 8]);
   }
+  // qgroup: a strip's sites are its groups' K step pairs and group ends; with Sb bytes a strip and
+  // n sites, C = ceil(Sb / n) bytes a site, and a tile's stride is in bytes,
+  // floor(C (row + rows) / M) - floor(C row / M), the tiles' strides at a site adding up to C. A
+  // tile's sites cover its n strides (each touches its stride's lines or more), the tiles follow
+  // each other, and the last site's touch reaches n C >= Sb. Where C is more than a site touches
+  // (no layout of today's formats) the slot holds 0 and the old rule prefetches.
+  void qg_pf_var_setup() {
+    Label fits;
+    mov(reg_tmp, arg(offsetof(GemmArgs, g_steps)));
+    shr(reg_tmp, 1);
+    add(reg_tmp, 1);
+    imul(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));  // n
+    mov(qword[rsp + pf_slot_ + 16], reg_tmp);
+    strip_bytes_to(reg_tmp);
+    add(reg_tmp, qword[rsp + pf_slot_ + 16]);
+    sub(reg_tmp, 1);
+    xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
+    div(qword[rsp + pf_slot_ + 16]);  // C
+    cmp(reg_tmp, 64 * pf_var_lines());
+    jbe(fits, T_NEAR);
+    xor_(reg_tmp.cvt32(), reg_tmp.cvt32());
+    L(fits);
+    mov(qword[rsp + pf_slot_ + 16], reg_tmp);
+  }
   void pf_var_stride() {
+    if (qg_) {
+      lea(reg_tmp, ptr[reg_row + mr_]);
+      imul(reg_tmp, qword[rsp + pf_slot_ + 16]);
+      xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
+      div(qword[rsp + pf_slot_]);  // (M)
+      mov(qword[rsp + pf_slot_ + 8], reg_tmp);
+      mov(reg_tmp, reg_row);
+      imul(reg_tmp, qword[rsp + pf_slot_ + 16]);
+      xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
+      div(qword[rsp + pf_slot_]);
+      mov(reg_tmp2, qword[rsp + pf_slot_ + 8]);
+      sub(reg_tmp2, reg_tmp);
+      mov(qword[rsp + pf_slot_ + 8], reg_tmp2);
+      return;
+    }
     lea(reg_tmp.cvt32(), ptr[reg_row * kPrefetchBlocks + kPrefetchBlocks * mr_]);
     xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
     div(dword[rsp + pf_slot_]);
@@ -1409,6 +1472,10 @@ class GemmGenerator : public JitGenerator {
   // At a group's end: the next strip's scale lines, pf_lines_ per group and block.
   void qgroup_prefetch_scales(bool prefetch_next) {
     if (!prefetch_next) return;
+    if (pf_var_) {
+      pf_var_site();
+      return;
+    }
     for (int i = 0; i < pf_lines_; ++i) prefetcht1(ptr[reg_pf + i * 64]);
     add(reg_pf, 64 * pf_lines_);
   }
