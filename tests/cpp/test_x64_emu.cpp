@@ -224,6 +224,53 @@ TEST(X64Emu, DivIsUnsigned) {
   EXPECT_EQ(out.as<uint64_t>(3)[3], uint64_t(n64 % 0x100000000ull));
 }
 
+// vmovq / vmovd (the avx2 lane folds store sub-biases with vmovq): to memory the low qword
+// (dword) alone, into a register the low qword (dword) with every other bit zeroed.
+TEST(X64Emu, VmovqVmovdMoveTheLowElement) {
+  Regs in{};
+  for (int v = 0; v < 4; ++v)
+    for (int i = 0; i < 64; ++i) in.b[v][i] = uint8_t(16 * v + i + 1);
+  const Regs out = run(
+      [](Snippet& g) {
+        g.vmovq(g.ptr[g.rdi + 192 + 8], g.xmm1);   // bytes 8-15 of zmm0's memory
+        g.vmovd(g.ptr[g.rdi + 192 + 20], g.xmm2);  // bytes 20-23
+        g.vmovd(g.xmm3, g.ptr[g.rdi + 64 + 8]);    // zmm3 = bytes 8-11 of zmm2's memory
+        g.vmovq(g.xmm1, g.xmm3);                   // zmm1 = the low qword of zmm3
+        g.vmovups(g.zmm0, g.ptr[g.rdi + 192]);
+        g.vpaddb(g.zmm0, g.zmm0, g.zmm1);  // zmm1's zeroed bytes leave zmm0 as stored
+      },
+      in, IsaLevel::avx512);
+  for (int i = 0; i < 64; ++i) {
+    uint8_t want = in.b[3][i];
+    if (i >= 8 && i < 16) want = in.b[0][i - 8];    // zmm1's
+    if (i >= 20 && i < 24) want = in.b[1][i - 20];  // zmm2's
+    if (i < 4) want = uint8_t(want + in.b[1][8 + i]);
+    EXPECT_EQ(out.b[3][i], want) << i;
+  }
+}
+
+// vpinsrw / vpinsrb (the avx2 lane folds): src1 with one element replaced from a general
+// register or memory, the bits above 128 zeroed.
+TEST(X64Emu, VpinsrReplacesOneElement) {
+  Regs in{};
+  for (int v = 0; v < 4; ++v)
+    for (int i = 0; i < 64; ++i) in.b[v][i] = uint8_t(16 * v + i + 1);
+  const Regs out = run(
+      [](Snippet& g) {
+        g.mov(g.eax, 0xabcd1234u);
+        g.vpinsrw(g.xmm0, g.xmm1, g.eax, 5);                   // word 5 = 0x1234
+        g.vpinsrb(g.xmm0, g.xmm0, g.ptr[g.rdi + 64 + 3], 15);  // byte 15 = zmm2's byte 3
+      },
+      in, IsaLevel::avx512);
+  for (int i = 0; i < 64; ++i) {
+    uint8_t want = i < 16 ? in.b[0][i] : 0;
+    if (i == 10) want = 0x34;
+    if (i == 11) want = 0x12;
+    if (i == 15) want = in.b[1][3];
+    EXPECT_EQ(out.b[3][i], want) << i;
+  }
+}
+
 TEST(X64Emu, RefusesWhatItDoesNotImplement) {
   Snippet s([](Snippet& g) { g.vpconflictd(g.zmm0, g.zmm1); });
   Regs r{};

@@ -525,6 +525,35 @@ class Machine {
         src(1, r);
         write_vdst(rip, in, o[0], r, L);
         return;
+      case ZYDIS_MNEMONIC_VMOVQ:    // the low qword (dword) to memory, or into a register whose
+      case ZYDIS_MNEMONIC_VMOVD: {  // other bits it zeroes; not the general-register forms
+        const int es = mn == ZYDIS_MNEMONIC_VMOVQ ? 8 : 4;
+        if ((is_reg(o[0]) && !is_vreg(o[0])) || (is_reg(o[1]) && !is_vreg(o[1])))
+          fail(rip, "vmovq / vmovd with a general register");
+        read_vec(rip, in, o[1], a, es);
+        if (in.mask) fail(rip, "write masking is not implemented for this instruction");
+        if (is_vreg(o[0]))
+          write_vreg(vid(o[0]), a, es);
+        else
+          std::memcpy(reinterpret_cast<void*>(address(rip, in, o[0])), a, size_t(es));
+        return;
+      }
+      case ZYDIS_MNEMONIC_VPINSRB:  // xmm = src1 with element imm replaced (a general register
+      case ZYDIS_MNEMONIC_VPINSRW:  // or memory), the bits above 128 zeroed
+      case ZYDIS_MNEMONIC_VPINSRD:
+      case ZYDIS_MNEMONIC_VPINSRQ: {
+        const int es = mn == ZYDIS_MNEMONIC_VPINSRB   ? 1
+                       : mn == ZYDIS_MNEMONIC_VPINSRW ? 2
+                       : mn == ZYDIS_MNEMONIC_VPINSRD ? 4
+                                                      : 8;
+        read_vec(rip, in, o[1], a, 16);
+        const uint64_t x = read_int(rip, in, o[2]);
+        const int idx = int(o[3]->imm.value.u) & (16 / es - 1);
+        std::memcpy(a + idx * es, &x, size_t(es));
+        if (in.mask) fail(rip, "write masking is not implemented for this instruction");
+        write_vreg(vid(o[0]), a, 16);
+        return;
+      }
       case ZYDIS_MNEMONIC_VBROADCASTSS:
       case ZYDIS_MNEMONIC_VPBROADCASTD:
       case ZYDIS_MNEMONIC_VPBROADCASTW:
