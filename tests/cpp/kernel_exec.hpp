@@ -9,9 +9,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -173,6 +175,39 @@ class InterpretedExecutor {  // AArch64: no x86 level to interpret
   explicit InterpretedExecutor(IsaLevel) {}
   static std::string errors() { return ""; }
 };
+#endif
+
+#if !defined(__aarch64__)
+// The prefill prefetch tests (Gemm. and QGroup.PrefillPrefetchCoversTheNextStrip): `key`'s kernel
+// run on `args`, a call over strips 0-1 of the weights at args.w (`w_bytes` of them, with room
+// past the strips), in the interpreter, which logs each prefetch; `missed`: lines of strips 1-2
+// never asked for, `outside`: lines of the weights asked for outside strips 1-2 and the last
+// sites' `reach` lines past them.
+struct PrefetchCover {
+  int64_t missed = 0, outside = 0;
+};
+inline PrefetchCover prefetch_cover(const KernelKey& key, const GemmArgs& args, int64_t strip_bytes,
+                                    size_t w_bytes, uint64_t reach) {
+  std::vector<uint64_t> lines;
+  EmuOptions opt;
+  opt.on_prefetch = [&](uint64_t addr) { lines.push_back(addr / 64); };
+  const Kernel* k = KernelCache::instance().get(key);
+  if (!k) throw std::runtime_error("no kernel for " + key.name());
+  emulate_x64(k->code.data(), k->code.size(), &args, opt);
+  const uint64_t w0 = reinterpret_cast<uint64_t>(args.w) / 64, w_end = w0 + w_bytes / 64;
+  const uint64_t first = w0 + uint64_t(strip_bytes / 64),
+                 end = first + uint64_t(2 * strip_bytes / 64);
+  std::vector<bool> seen(size_t(end - first), false);
+  PrefetchCover c;
+  for (uint64_t line : lines) {
+    if (line >= first && line < end)
+      seen[size_t(line - first)] = true;
+    else if (line >= w0 && line < w_end && (line < first || line >= end + reach))
+      ++c.outside;
+  }
+  c.missed = std::count(seen.begin(), seen.end(), false);
+  return c;
+}
 #endif
 
 }  // namespace ktjit::test

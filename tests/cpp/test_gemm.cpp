@@ -674,25 +674,8 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
       args.out_rows = out_rows.data();
       args.m_blocks = sp.blocks;
       args.m_tail = sp.tail;
-      std::vector<uint64_t> lines;
-      test::EmuOptions opt;
-      opt.on_prefetch = [&](uint64_t addr) { lines.push_back(addr / 64); };
-      const Kernel* k = KernelCache::instance().get(key);
-      ASSERT_NE(k, nullptr) << key.name();
-      test::emulate_x64(k->code.data(), k->code.size(), &args, opt);
-      const uint64_t w0 = reinterpret_cast<uint64_t>(w.as<uint8_t>()) / 64;
-      const uint64_t w_end = w0 + w.size() / 64;
-      const uint64_t first = w0 + uint64_t(strip / 64);
-      const uint64_t end = first + uint64_t(2 * strip / 64);  // strips 1 and 2
-      std::vector<bool> seen(size_t(end - first), false);
-      int64_t outside = 0;  // weight lines (not the scales' own arrays) out of [first, end + 8)
-      for (uint64_t line : lines) {
-        if (line >= first && line < end)
-          seen[size_t(line - first)] = true;
-        else if (line >= w0 && line < w_end && (line < first || line >= end + 8))
-          ++outside;
-      }
-      const int64_t missed = std::count(seen.begin(), seen.end(), false);
+      // weight lines (not the scales' own arrays) out of strips 1-2 and the last sites' 8 lines
+      const auto [missed, outside] = test::prefetch_cover(key, args, strip, w.size(), 8);
       EXPECT_EQ(missed, 0) << key.name() << " " << rows << " rows (" << sp.blocks
                            << " blocks, tail " << sp.tail
                            << "): lines of the next strips never prefetched";

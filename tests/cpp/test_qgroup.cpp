@@ -22,9 +22,6 @@
 #include "runtime/moe_layer.hpp"
 #include "runtime/thread_pool.hpp"
 #include "test_util.hpp"
-#if !defined(__aarch64__)
-#include "x64_emu.hpp"
-#endif
 
 namespace ktjit {
 namespace {
@@ -1012,26 +1009,8 @@ TEST(QGroup, PrefillPrefetchCoversTheNextStrip) {
       args.a_gsum = gsum.data();
       args.a_gsum_ld = rows * 4;
       args.scratch = scratch.data();
-      std::vector<uint64_t> lines;
-      test::EmuOptions opt;
-      opt.on_prefetch = [&](uint64_t addr) { lines.push_back(addr / 64); };
-      const Kernel* k = KernelCache::instance().get(key);
-      ASSERT_NE(k, nullptr) << key.name();
-      test::emulate_x64(k->code.data(), k->code.size(), &args, opt);
-      const uint64_t w0 = reinterpret_cast<uint64_t>(w.as<uint8_t>()) / 64;
-      const uint64_t w_end = w0 + w.size() / 64;
-      const uint64_t first = w0 + uint64_t(strip / 64);
-      const uint64_t end = first + uint64_t(2 * strip / 64);  // strips 1 and 2
       const uint64_t reach = lay.nib ? 4 : 8;  // the lines a site touches (two K steps' codes)
-      std::vector<bool> seen(size_t(end - first), false);
-      int64_t outside = 0;
-      for (uint64_t line : lines) {
-        if (line >= first && line < end)
-          seen[size_t(line - first)] = true;
-        else if (line >= w0 && line < w_end && (line < first || line >= end + reach))
-          ++outside;
-      }
-      const int64_t missed = std::count(seen.begin(), seen.end(), false);
+      const auto [missed, outside] = test::prefetch_cover(key, args, strip, w.size(), reach);
       EXPECT_EQ(missed, 0) << lay.name << " " << rows << " rows (" << sp.blocks << " blocks, tail "
                            << sp.tail << "): lines of the next strips never prefetched";
       EXPECT_EQ(outside, 0) << lay.name << " " << rows << " rows: prefetches outside them";
