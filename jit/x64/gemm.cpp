@@ -784,11 +784,13 @@ class GemmGenerator : public JitGenerator {
   // each other, and the last site's touch reaches n C >= Sb. Where C is more than a site touches
   // (no layout of today's formats) the slot holds 0 and the old rule prefetches.
   void qg_pf_var_setup() {
-    Label fits;
+    Label fits, none;
     mov(reg_tmp, arg(offsetof(GemmArgs, g_steps)));
     shr(reg_tmp, 1);
     add(reg_tmp, 1);
     imul(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));  // n
+    test(reg_tmp, reg_tmp);
+    jle(none, T_NEAR);  // (no groups: no K loop to prefetch from, and no division by 0)
     mov(qword[rsp + pf_slot_ + 16], reg_tmp);
     strip_bytes_to(reg_tmp);
     add(reg_tmp, qword[rsp + pf_slot_ + 16]);
@@ -797,6 +799,7 @@ class GemmGenerator : public JitGenerator {
     div(qword[rsp + pf_slot_ + 16]);  // C
     cmp(reg_tmp, 64 * pf_var_lines());
     jbe(fits, T_NEAR);
+    L(none);
     xor_(reg_tmp.cvt32(), reg_tmp.cvt32());
     L(fits);
     mov(qword[rsp + pf_slot_ + 16], reg_tmp);

@@ -948,76 +948,80 @@ TEST(QGroup, PackerNamesBadCodesAndGroups) {
   EXPECT_EQ(formats::qgroup_shard_bounds(64, 32, 4), (std::vector<int64_t>{0, 32, 64}));
 }
 
-// Two-level scales: factor_int8 splits K-quant-like scales exactly (sub-scale -128 and zeros of
-// d's sign included) and refuses what has no exact split; the packer names the super block.
 #if !defined(__aarch64__)
-// A prefill call of fewer than 8 blocks at the VNNI levels prefetches the next strip from every
-// tile, each its rows' share (jit/x64/gemm.cpp pf_var_, qg_pf_var_setup): run over strips 0-1
-// in the interpreter, which logs each prefetch, it must ask for every line of strips 1 and 2
-// (the bytes after the call's last strip) and for no weight line outside them but the last
-// sites' reach. Layouts as Q4_K's (nibbles, sub-scales and sub-biases, super blocks of 8
-// groups), Q4_0's and Q8_0's (fp16 scales), Q6_K's (bytes, groups of 16, super blocks of 16).
+// A prefill call of fewer than 8 blocks at the AVX-512 levels (avx512 and avx512_bf16 checked)
+// prefetches the next strip from every tile, each its rows' share (jit/x64/gemm.cpp pf_var_,
+// qg_pf_var_setup): run over strips 0-1 in the interpreter, which logs each prefetch, it must ask
+// for every line of strips 1 and 2 (the bytes after the call's last strip) and for no weight line
+// outside them but the last sites' reach. Layouts as Q4_K's (nibbles, sub-scales and sub-biases,
+// super blocks of 8 groups), Q4_0's and Q8_0's (fp16 scales), Q6_K's (bytes, groups of 16, super
+// blocks of 16).
 TEST(QGroup, PrefillPrefetchCoversTheNextStrip) {
-  const IsaLevel isa = IsaLevel::avx512_bf16;
-  const int mr = gemm_max_rows(isa, WeightFormat::qgroup);
-  struct Layout {
-    const char* name;
-    bool nib, bias;
-    int64_t G, super;
-    int half;
-  };
-  const Layout layouts[] = {{"Q4_K", true, true, 32, 8, 0},
-                            {"Q4_0", true, false, 32, 0, 1},
-                            {"Q8_0", false, false, 32, 0, 1},
-                            {"Q6_K", false, false, 16, 16, 0}};
-  for (const Layout& lay : layouts)
-    for (int rows = 1; rows < 8 * mr; ++rows) {
-      Problem p{isa, Epilogue::store, lay.nib, lay.bias, rows, 3 * 64, 512, lay.G, 7};
-      p.super = lay.super;
-      p.half = lay.half;
-      const Packed pk = make_weights(p);
-      const auto& l = pk.layout;
-      ASSERT_EQ(l.full_strips, 3);
-      KernelKey key = key_for(p, KernelKind::gemm_prefill, mr, kStripVecs);
-      const PrefillSplit sp = prefill_split(key, rows);
-      const int64_t strip = l.strip_offset(1) - l.strip_offset(0);
-      AlignedBuffer w(size_t(l.total_bytes() + 64 * 64));  // (with room past the strips)
-      std::memcpy(w.as<uint8_t>(), pk.w.data(), pk.w.size());
-      std::vector<int8_t> a(size_t(rows * p.K), 1);
-      std::vector<float> a_scale(size_t(rows), 1.0f), rw(size_t(rows), 1.0f);
-      std::vector<int32_t> gsum(size_t(rows * p.K / p.G), 0);
-      std::vector<float> out(size_t(rows * p.N), 0.0f);
-      std::vector<float*> out_rows;
-      for (int r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
-      std::vector<uint8_t> scratch(size_t(std::max<int64_t>(gemm_scratch_bytes(key, l.k4), 64)));
-      GemmArgs args{};
-      args.a = a.data();
-      args.lda = p.K;
-      args.w = w.as<int8_t>();
-      args.n_strips = 2;
-      args.k4 = l.k4;
-      args.a_scale = a_scale.data();
-      args.out_rows = out_rows.data();
-      args.row_weight = rw.data();
-      args.m_blocks = sp.blocks;
-      args.m_tail = sp.tail;
-      args.g_steps = l.g_steps;
-      args.g_per_strip = l.groups();
-      args.g_per_super = l.super_groups;
-      args.s_per_strip = l.supers();
-      args.lut = pk.lut;
-      args.a_gsum = gsum.data();
-      args.a_gsum_ld = rows * 4;
-      args.scratch = scratch.data();
-      const uint64_t reach = lay.nib ? 4 : 8;  // the lines a site touches (two K steps' codes)
-      const auto [missed, outside] = test::prefetch_cover(key, args, strip, w.size(), reach);
-      EXPECT_EQ(missed, 0) << lay.name << " " << rows << " rows (" << sp.blocks << " blocks, tail "
-                           << sp.tail << "): lines of the next strips never prefetched";
-      EXPECT_EQ(outside, 0) << lay.name << " " << rows << " rows: prefetches outside them";
-    }
+  for (const IsaLevel isa : {IsaLevel::avx512, IsaLevel::avx512_bf16}) {
+    const int mr = gemm_max_rows(isa, WeightFormat::qgroup);
+    struct Layout {
+      const char* name;
+      bool nib, bias;
+      int64_t G, super;
+      int half;
+    };
+    const Layout layouts[] = {{"Q4_K", true, true, 32, 8, 0},
+                              {"Q4_0", true, false, 32, 0, 1},
+                              {"Q8_0", false, false, 32, 0, 1},
+                              {"Q6_K", false, false, 16, 16, 0}};
+    for (const Layout& lay : layouts)
+      for (int rows = 1; rows < 8 * mr; ++rows) {
+        Problem p{isa, Epilogue::store, lay.nib, lay.bias, rows, 3 * 64, 512, lay.G, 7};
+        p.super = lay.super;
+        p.half = lay.half;
+        const Packed pk = make_weights(p);
+        const auto& l = pk.layout;
+        ASSERT_EQ(l.full_strips, 3);
+        KernelKey key = key_for(p, KernelKind::gemm_prefill, mr, kStripVecs);
+        const PrefillSplit sp = prefill_split(key, rows);
+        const int64_t strip = l.strip_offset(1) - l.strip_offset(0);
+        AlignedBuffer w(size_t(l.total_bytes() + 64 * 64));  // (with room past the strips)
+        std::memcpy(w.as<uint8_t>(), pk.w.data(), pk.w.size());
+        std::vector<int8_t> a(size_t(rows * p.K), 1);
+        std::vector<float> a_scale(size_t(rows), 1.0f), rw(size_t(rows), 1.0f);
+        std::vector<int32_t> gsum(size_t(rows * p.K / p.G), 0);
+        std::vector<float> out(size_t(rows * p.N), 0.0f);
+        std::vector<float*> out_rows;
+        for (int r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
+        std::vector<uint8_t> scratch(size_t(std::max<int64_t>(gemm_scratch_bytes(key, l.k4), 64)));
+        GemmArgs args{};
+        args.a = a.data();
+        args.lda = p.K;
+        args.w = w.as<int8_t>();
+        args.n_strips = 2;
+        args.k4 = l.k4;
+        args.a_scale = a_scale.data();
+        args.out_rows = out_rows.data();
+        args.row_weight = rw.data();
+        args.m_blocks = sp.blocks;
+        args.m_tail = sp.tail;
+        args.g_steps = l.g_steps;
+        args.g_per_strip = l.groups();
+        args.g_per_super = l.super_groups;
+        args.s_per_strip = l.supers();
+        args.lut = pk.lut;
+        args.a_gsum = gsum.data();
+        args.a_gsum_ld = rows * 4;
+        args.scratch = scratch.data();
+        const uint64_t reach = lay.nib ? 4 : 8;  // the lines a site touches (two K steps' codes)
+        const auto [missed, outside] = test::prefetch_cover(key, args, strip, w.size(), reach);
+        EXPECT_EQ(missed, 0) << isa_name(isa) << " " << lay.name << " " << rows << " rows ("
+                             << sp.blocks << " blocks, tail " << sp.tail
+                             << "): lines of the next strips never prefetched";
+        EXPECT_EQ(outside, 0) << isa_name(isa) << " " << lay.name << " " << rows
+                              << " rows: prefetches outside them";
+      }
+  }
 }
 #endif
 
+// Two-level scales: factor_int8 splits K-quant-like scales exactly (sub-scale -128 and zeros of
+// d's sign included) and refuses what has no exact split; the packer names the super block.
 TEST(QGroup, TwoLevelScalesFactorExactly) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> dd(-0.05f, 0.05f);
