@@ -42,8 +42,10 @@ namespace {
 // INT4) reached the probe only with a software prefetch: 4096 bytes ahead took Q4_K from 74-78 %
 // to 92-96 % of it, MXFP4 from 69-79 % to 81-89 %, INT4 from 88-94 % to 90-97 % (Qwen3 and
 // DeepSeek-V3, T = 1 and 4); FP8 ran 1.5-8 % faster 8192 bytes ahead (5 of 5 process pairs, Qwen3
-// and DeepSeek-V3, T = 1 and 4); the other byte formats stayed without (INT8 98-100 % without,
-// 94 % with it; BF16, Q6_K, Q8_0 the same either way). KT_JIT_DECODE_PREFETCH=<bytes> (0 = none,
+// and DeepSeek-V3, T = 1 and 4), and MXFP8 (not measured then) streamed at only 38-49 % of the
+// probes without, 78-85 % with 8192 (16384: 78-84 %; a twenty-eighth session); the other byte
+// formats stayed without (INT8 98-100 % without, 94 % with it; BF16, Q6_K, Q8_0 the same either
+// way). KT_JIT_DECODE_PREFETCH=<bytes> (0 = none,
 // a multiple of 64 up to 65536) overrides it for every kernel this process generates.
 constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchZen5Nib = 4096,
               kDecodePrefetchZen5Fp8 = 8192;
@@ -68,7 +70,8 @@ int decode_prefetch_bytes(const KernelKey& key) {
     if (!zen5) return 0;
     const bool nibbles = fmt == WeightFormat::int4 || fmt == WeightFormat::mxfp4 ||
                          (fmt == WeightFormat::qgroup && (key.variant & kQGroupNibbles));
-    return nibbles ? kDecodePrefetchZen5Nib : fmt == WeightFormat::fp8 ? kDecodePrefetchZen5Fp8 : 0;
+    const bool e4m3 = fmt == WeightFormat::fp8 || fmt == WeightFormat::mxfp8;
+    return nibbles ? kDecodePrefetchZen5Nib : e4m3 ? kDecodePrefetchZen5Fp8 : 0;
   }
   const bool lean_int = fmt == WeightFormat::int8 || fmt == WeightFormat::qgroup;
   return amd && lean_int ? kDecodePrefetchAmdInt : kDecodePrefetch;
