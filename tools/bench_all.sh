@@ -94,11 +94,11 @@ done
   done
   # Sections measured by other means (their own commands and machines are inside): the serving
   # overhead (python -m kt_jit.bench_overhead, three runs), the 2026-11-22 Xeon's decode spot
-  # runs, the lent AMX host, the 2026-11-27 Zen 5 and Zen 4 runs and the 2026-11-25 Zen 3 (AVX2
-  # only) runs.
+  # runs, the lent AMX host, the 2026-11-27 Zen 5 runs, the Zen 4 VM's tables (the top of this
+  # file until 2026-11-28) and its runs, and the 2026-11-25 Zen 3 (AVX2 only) runs.
   for f in docs/evidence/serving_overhead.md docs/evidence/xeon_decode_spot.md \
-    docs/evidence/amx_host.md docs/evidence/zen5_avx512.md docs/evidence/zen4_avx512.md \
-    docs/evidence/zen3_avx2.md; do
+    docs/evidence/amx_host.md docs/evidence/zen5_avx512.md docs/evidence/zen4_tables.md \
+    docs/evidence/zen4_avx512.md docs/evidence/zen3_avx2.md; do
     echo
     cat "$f"
   done

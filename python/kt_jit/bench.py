@@ -1041,6 +1041,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     feats = dict(_core.cpu_features())
     isa = args.isa or _core.isa()
     brand = str(feats.get("brand") or platform.processor() or platform.machine()).strip()
+    if feats.get("family") is not None and feats.get("model") is not None:
+        # (AMD names Zen 4 and Zen 5 alike, "AMD EPYC": the family tells the tables apart)
+        brand += f", family {feats['family']} model {feats['model']}"
     command = "kt-jit bench " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
     )
