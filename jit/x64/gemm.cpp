@@ -371,15 +371,18 @@ class GemmGenerator : public JitGenerator {
                                   (qgl_ && qgb_ ? formats::kQGroupLaneMaxGroups * 32 : 0)
                       : i4w_ ? kI4AccStack + mr_ * nv_ * vec_bytes()
                              : 16;
-    pf_slot_ = stack;  // pf_var_kernel: the call's rows, a tile's stride (qgroup: bytes a site)
-    preamble(stack + (pf_var_kernel() ? (qg_ ? 32 : 16) : 0));
+    pf_slot_ = stack;  // pf_var_kernel: the call's rows, a tile's stride, the units a site
+    preamble(stack + (pf_var_kernel() ? 32 : 0));
     load_params();
     if (pf_var_kernel()) {  // the call's rows, for pf_var_stride
       mov(reg_tmp, arg(offsetof(GemmArgs, m_blocks)));
       imul(reg_tmp, reg_tmp, mr_);
       add(reg_tmp, arg(offsetof(GemmArgs, m_tail)));
       mov(qword[rsp + pf_slot_], reg_tmp);
-      if (qg_) qg_pf_var_setup();
+      if (qg_)
+        qg_pf_var_setup();
+      else
+        mov(qword[rsp + pf_slot_ + 16], kPrefetchBlocks);  // lines a site
     }
     Label strip_loop, done;
     mov(reg_tmp, arg(offsetof(GemmArgs, n_strips)));
@@ -773,8 +776,9 @@ class GemmGenerator : public JitGenerator {
   }
   static constexpr int kAllBlocks = 1 << 20;  // block_loop: every block prefetches
   int pf_var_lines() const { return qg_ ? 2 * step_bytes() / 64 : mr_ >= 5 ? 8 : 4; }
-  // [rsp + pf_slot_]: the call's rows M, [rsp + pf_slot_ + 8]: the tile's stride, qgroup: [+ 16]
-  // the bytes a site (qg_pf_var_setup), or 0 where that is more than a site touches (the old rule)
+  // [rsp + pf_slot_]: the call's rows M, [rsp + pf_slot_ + 8]: the tile's stride, [+ 16]: the
+  // strip's units a site, 8 lines, or qgroup's bytes (qg_pf_var_setup; 0 where that is more than
+  // a site touches: the old rule)
   int pf_slot_ = 0;
   void pf_var_site() {
     for (int i = 0; i < pf_var_lines(); ++i) prefetcht1(ptr[reg_pf + i * 64]);
@@ -807,32 +811,21 @@ class GemmGenerator : public JitGenerator {
     L(fits);
     mov(qword[rsp + pf_slot_ + 16], reg_tmp);
   }
+  // The tile's stride, floor(Q (row + rows) / M) - floor(Q row / M) units of 64 bytes (int8, BF16
+  // pairs: Q = 8 lines a site) or of bytes (qgroup: Q = C, qg_pf_var_setup).
   void pf_var_stride() {
-    if (qg_) {
-      lea(reg_tmp, ptr[reg_row + mr_]);
-      imul(reg_tmp, qword[rsp + pf_slot_ + 16]);
-      xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
-      div(qword[rsp + pf_slot_]);  // (M)
-      mov(qword[rsp + pf_slot_ + 8], reg_tmp);
-      mov(reg_tmp, reg_row);
-      imul(reg_tmp, qword[rsp + pf_slot_ + 16]);
-      xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
-      div(qword[rsp + pf_slot_]);
-      mov(reg_tmp2, qword[rsp + pf_slot_ + 8]);
-      sub(reg_tmp2, reg_tmp);
-      mov(qword[rsp + pf_slot_ + 8], reg_tmp2);
-      return;
-    }
-    lea(reg_tmp.cvt32(), ptr[reg_row * kPrefetchBlocks + kPrefetchBlocks * mr_]);
+    lea(reg_tmp, ptr[reg_row + mr_]);
+    imul(reg_tmp, qword[rsp + pf_slot_ + 16]);
     xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
-    div(dword[rsp + pf_slot_]);
+    div(qword[rsp + pf_slot_]);
     mov(qword[rsp + pf_slot_ + 8], reg_tmp);
-    lea(reg_tmp.cvt32(), ptr[reg_row * kPrefetchBlocks]);
+    mov(reg_tmp, reg_row);
+    imul(reg_tmp, qword[rsp + pf_slot_ + 16]);
     xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
-    div(dword[rsp + pf_slot_]);
+    div(qword[rsp + pf_slot_]);
     mov(reg_tmp2, qword[rsp + pf_slot_ + 8]);
     sub(reg_tmp2, reg_tmp);
-    shl(reg_tmp2, 6);
+    if (!qg_) shl(reg_tmp2, 6);
     mov(qword[rsp + pf_slot_ + 8], reg_tmp2);
   }
   // fp8: K steps in groups that share one scale per strip half; within a group as k_loop.
