@@ -53,9 +53,10 @@ bool qgroup_folds_allowed() {
   return env_switch("KT_JIT_QGROUP_FOLDS", true);
 }
 
-// KT_JIT_HALF_STRIPS=0 turns the avx2 half-strip tiles off (jit/kernel.hpp kHalfStrips,
-// jit/gemm.hpp half_strip_format): prefill then runs 2-row tiles only. The same bits either way;
-// read when a kernel set is made.
+// KT_JIT_HALF_STRIPS=0 turns the half-strip tiles off (jit/kernel.hpp kHalfStrips, jit/gemm.hpp
+// half_strip_format, half_strip_vnni_format): prefill then runs 2-row tiles only at avx2 and
+// 3-row ones for the qgroup byte codes at the VNNI levels. The same bits either way; read when a
+// kernel set is made.
 bool half_strips_allowed() {
   return env_switch("KT_JIT_HALF_STRIPS", true);
 }
@@ -495,6 +496,14 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     // 1.02-1.11x (docs/BENCHMARKS.md); the remainder of 1-3 rows takes the 2-row prefill and the
     // decode tiles.
     ks.tile_rows = ks.tile_min_rows = kHalfStripRows;
+    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
+    ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
+    ks.tile_full.variant = ks.tile_tail.variant = uint16_t(variant | kHalfStrips);
+  } else if (half_strips && half_strip_vnni_format(isa, fmt, variant)) {
+    // VNNI half-strip tiles (jit/gemm.hpp half_strip_vnni_format): 6 rows x 2 vectors, two passes
+    // per strip, each K step's code vectors read for 6 rows instead of 3, for the rows in whole
+    // blocks and the 1-5 after them (GemmArgs::m_tail).
+    ks.tile_rows = ks.tile_min_rows = kHalfStripRowsVnni;
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant = uint16_t(variant | kHalfStrips);

@@ -209,14 +209,15 @@ class GemmGenerator : public JitGenerator {
     if (key.isa == IsaLevel::ref || key.isa == IsaLevel::amx)
       throw std::invalid_argument("gemm: no x86 vector generator for isa " +
                                   std::string(isa_name(key.isa)));
-    if ((key.variant & kHalfStrips) &&
-        (!half_ || key.isa != IsaLevel::avx2 || !prefill_ || mr_ != kHalfStripRows))
+    if ((key.variant & kHalfStrips) && (!half_ || !prefill_ || mr_ != half_strip_rows(key.isa)))
       throw std::invalid_argument(
-          "gemm: half-strip tiles are avx2 prefill tiles of " + std::to_string(kHalfStripRows) +
-          " rows for int4 and the qgroup kernels of half_strip_format: " + key.describe());
+          "gemm: half-strip tiles are prefill tiles of " + std::to_string(kHalfStripRows) +
+          " rows for int4 and the qgroup kernels of half_strip_format at avx2, of " +
+          std::to_string(kHalfStripRowsVnni) +
+          " for those of half_strip_vnni_format at the VNNI levels: " + key.describe());
     // strip-scratch kernels run the bf16 microkernel, so they take its tile
-    const int max_rows =
-        half_ ? kHalfStripRows : gemm_max_rows(key.isa, sfma_ ? WeightFormat::bf16 : key.format);
+    const int max_rows = half_ ? half_strip_rows(key.isa)
+                               : gemm_max_rows(key.isa, sfma_ ? WeightFormat::bf16 : key.format);
     if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > max_rows)
       throw std::invalid_argument("gemm: tile out of range: " + key.describe());
     if (key.epilogue == Epilogue::siluup && nv_ % 2)
@@ -755,27 +756,29 @@ class GemmGenerator : public JitGenerator {
   // blocks, pf_lines_ lines at each prefetch site (generate()).
   static constexpr int kFewPrefetchBlocks = 2;
   int pf_lines_ = 1;
-  // pf_var_ tiles (int8_tail_prefetch_kernel and, not half-strip, qgroup_tail_rows_kernel calls of
-  // fewer than kPrefetchBlocks blocks, and the vdpbf16ps pair kernels that take their tail rows,
-  // whose blocks 0-1 took half each; qgroup's shares are in bytes: qg_pf_var_setup): each
-  // prefetch site (every second K step) touches pf_var_lines() lines from reg_pf and moves reg_pf
-  // on by the tile's stride, L lines with L = floor(8 (row + rows) / M) - floor(8 row / M) for a
-  // tile of `rows` rows from `row` in a call of M rows: the tiles' shares of the strip's 8 lines a
-  // site in all, as their rows'. The executor's calls (prefill_split; BF16 pairs from 5 rows)
-  // give a block or a 5-row tile at most 8 (a 5-row BF16 call is that tile alone) and a smaller
-  // tile at most 4, so the sites cover every line (Gemm.PrefillPrefetchCoversTheNextStrip). A
-  // block touches 8 whatever its L (16 rows: 3): this core drops a software prefetch it has no
-  // room for (a loop of prefetches alone retires at 100 GB/s), and the lines touched again are
-  // asked for again; a Qwen3 INT8 layer at T = 256 ran 1.05x faster than with 4 (a Zen 5). The
-  // smaller tiles, whose K loops are short of load slots already, touch 4. qgroup tiles touch a
-  // K step pair's code lines (nibbles 4, bytes 8: 1.08x faster than 8 for Q4_K at T = 256).
+  // pf_var_ tiles (int8_tail_prefetch_kernel and qgroup_tail_rows_kernel calls of
+  // fewer than kPrefetchBlocks blocks, half as many of half-strip tiles, and the vdpbf16ps pair
+  // kernels that take their tail rows, whose blocks 0-1 took half each; qgroup's shares are in
+  // bytes: qg_pf_var_setup): each prefetch site (every second K step) touches pf_var_lines() lines
+  // from reg_pf and moves reg_pf on by the tile's stride, L lines with L = floor(8 (row + rows) /
+  // M) - floor(8 row / M) for a tile of `rows` rows from `row` in a call of M rows: the tiles'
+  // shares of the strip's 8 lines a site in all, as their rows'. The executor's calls
+  // (prefill_split; BF16 pairs from 5 rows) give a block or a 5-row tile at most 8 (a 5-row BF16
+  // call is that tile alone) and a smaller tile at most 4, so the sites cover every line
+  // (Gemm.PrefillPrefetchCoversTheNextStrip). A block touches 8 whatever its L (16 rows: 3): this
+  // core drops a software prefetch it has no room for (a loop of prefetches alone retires at 100
+  // GB/s), and the lines touched again are asked for again; a Qwen3 INT8 layer at T = 256 ran 1.05x
+  // faster than with 4 (a Zen 5). The smaller tiles, whose K loops are short of load slots already,
+  // touch 4. qgroup tiles touch a K step pair's code lines (nibbles 4, bytes 8: 1.08x faster than 8
+  // for Q4_K at T = 256); the VNNI half-strip passes, each walking all of a strip's sites, count
+  // the sites of every pass (qg_pf_var_setup) and touch one step's (4).
   bool pf_var_ = false;
   bool pf_var_kernel() const {
     return int8_tail_prefetch_kernel(key_) || (pairs_ && tail_rows_kernel(key_)) ||
-           (qg_ && !half_ && qgroup_tail_rows_kernel(key_));
+           (qg_ && qgroup_tail_rows_kernel(key_));
   }
   static constexpr int kAllBlocks = 1 << 20;  // block_loop: every block prefetches
-  int pf_var_lines() const { return qg_ ? 2 * step_bytes() / 64 : mr_ >= 5 ? 8 : 4; }
+  int pf_var_lines() const { return qg_ ? (half_ ? 1 : 2) * step_bytes() / 64 : mr_ >= 5 ? 8 : 4; }
   // [rsp + pf_slot_]: the call's rows M, [rsp + pf_slot_ + 8]: the tile's stride, [+ 16]: the
   // strip's units a site, 8 lines, or qgroup's bytes (qg_pf_var_setup; 0 where that is more than
   // a site touches: the old rule)
@@ -796,6 +799,7 @@ class GemmGenerator : public JitGenerator {
     shr(reg_tmp, 1);
     add(reg_tmp, 1);
     imul(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));  // n
+    if (half_) imul(reg_tmp, reg_tmp, (sv_ + 1) / 2);     // each pass walks the strip's sites
     test(reg_tmp, reg_tmp);
     jle(none, T_NEAR);  // (no groups: no K loop to prefetch from, and no division by 0)
     mov(qword[rsp + pf_slot_ + 16], reg_tmp);

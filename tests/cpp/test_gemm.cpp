@@ -593,7 +593,7 @@ TEST(Gemm, RefusesImpossibleKeys) {
   EXPECT_THROW(KernelCache::generate_only(
                    key_for(IsaLevel::avx512_vnni, KernelKind::gemm_decode, 1, 3, Epilogue::siluup)),
                std::invalid_argument);  // siluup needs gate and up halves
-  // half-strip tiles are avx2 int4 prefill tiles of 4 rows
+  // half-strip tiles are avx2 int4 prefill tiles of 4 rows (and the VNNI qgroup ones of 6)
   for (auto [isa, kind, m_r, fmt] :
        {std::tuple{IsaLevel::avx512, KernelKind::gemm_prefill, 4, WeightFormat::int4},
         std::tuple{IsaLevel::avx2, KernelKind::gemm_decode, 4, WeightFormat::int4},

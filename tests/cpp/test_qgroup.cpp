@@ -219,9 +219,9 @@ struct Acts {
   int64_t ld_rows;
 };
 
-// All M rows over all strips as the executor runs them: its tile tier where it has one (avx2
-// half-strip tiles of the int16-lane folds), prefill blocks + a decode remainder, full strips
-// then the tail strip.
+// All M rows over all strips as the executor runs them: its tile tier where it has one (half-strip
+// tiles: avx2's, and the VNNI levels' byte codes without a bias, which take the rows after their
+// blocks too), prefill blocks + a decode remainder, full strips then the tail strip.
 void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<float*>& out_rows,
              const std::vector<float>& rw, bool use_ref, std::vector<std::string>* names) {
   const auto& l = pk.layout;
@@ -273,8 +273,10 @@ void run_all(const Problem& p, const Packed& pk, const Acts& x, std::vector<floa
     if (ns == 0) continue;
     int64_t row = 0;
     if (halves) {
-      call(KernelKind::gemm_prefill, ks.tile_rows, nv, s0, ns, 0, p.M / ks.tile_rows, kHalfStrips);
-      row = p.M / ks.tile_rows * ks.tile_rows;
+      const int64_t blocks = p.M / ks.tile_rows;
+      const int64_t m_tail = tail_rows_kernel(ks.tile_full) ? p.M - blocks * ks.tile_rows : 0;
+      call(KernelKind::gemm_prefill, ks.tile_rows, nv, s0, ns, 0, blocks, kHalfStrips, m_tail);
+      row = blocks * ks.tile_rows + m_tail;
     }
     if (p.M - row > max_rows) {  // the rows left run in the same call where the kernel takes them
       const KernelKey pkey = key_for(p, KernelKind::gemm_prefill, max_rows, nv);
@@ -803,6 +805,62 @@ TEST(QGroup, HalfStripTilesMatchReference) {
   EXPECT_GT(test::count_containing(names, "_m4n8_accum_halves"), 0u);
 }
 
+// VNNI-level half-strip tiles (6 rows, two passes of 2 vectors) of the byte codes without a bias,
+// as the executor runs them from 6 rows, the 1-5 rows after the blocks in the same call
+// (m_tail): Q8_0-like (fp16 scales), fp32 and bf16 one-level scales (groups of 32 and 128),
+// Q3_K-like two-level scales (fp32 super-block partials) and Q6_K-like signed codes (int32-fold
+// codes with the partials); bit for bit against the twin (check_problem). Nibbles and a bias keep
+// the 3-row tiles: the generator refuses the bit there.
+TEST(QGroup, VnniHalfStripTilesMatchReference) {
+  std::vector<IsaLevel> vnni;
+  for (IsaLevel isa : test::kernel_test_levels())
+    if (isa == IsaLevel::avx512_vnni || isa == IsaLevel::avx512_bf16) vnni.push_back(isa);
+  if (vnni.empty()) GTEST_SKIP() << "this CPU runs no VNNI level";
+  struct Case {
+    int64_t G, K, super;
+    int half;
+    bool psums, fold;
+    const char* name;  // of the tile that must have run
+  };
+  const Case cases[] = {{32, 256, 0, 1, false, false, "qg8h16_"},
+                        {32, 96, 0, 0, false, false, "qg8_"},
+                        {128, 384, 0, 2, false, false, "qg8hbf_"},
+                        {16, 256, 16, 0, true, false, "qg8ps_"},
+                        {16, 512, 16, 0, true, true, "qg8fps_"}};
+  uint32_t seed = 7000;
+  for (IsaLevel isa : vnni) {
+    std::vector<std::string> names;
+    for (const Case& c : cases)
+      for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+        for (int64_t M : {6, 8, 9, 10, 11, 12, 13})
+          for (int64_t N : {40, 72, 100}) {
+            Problem p{isa, epi, false, false, M, N, c.K, c.G, seed++};
+            p.super = c.super;
+            p.half = c.half;
+            p.psums = c.psums;
+            p.fold = c.fold;
+            p.extreme = seed % 5 == 0;
+            check_problem(p, &names);
+            if (HasFatalFailure()) return;
+          }
+    const std::string tag = "_" + isa_tag_of(isa) + "_m6n64_";
+    for (const Case& c : cases)
+      for (const char* epi : {"store", "siluup", "accum"})
+        EXPECT_GT(test::count_containing(names, c.name + tag.substr(1) + epi + "_halves"), 0u)
+            << c.name << tag << epi;
+    // tail strips: gate/up of 2 vectors, and down of 1
+    EXPECT_GT(test::count_containing(names, "_m6n32_siluup_halves"), 0u) << isa_name(isa);
+    EXPECT_GT(test::count_containing(names, "_m6n16_accum_halves"), 0u) << isa_name(isa);
+    for (bool nib : {false, true}) {
+      Problem p{isa, Epilogue::store, nib, !nib, 8, 64, 256, 32, 1};
+      KernelKey k = key_for(p, KernelKind::gemm_prefill, 6, 4);
+      k.variant |= kHalfStrips;
+      EXPECT_FALSE(half_strip_kernel(k)) << k.describe();
+      EXPECT_THROW(KernelCache::generate_only(k), std::invalid_argument) << k.describe();
+    }
+  }
+}
+
 // Where a group's int16 lanes cannot overflow: (G / 2) * max(code + c0) * 127 <= 32767.
 TEST(QGroup, Int16SumsOnlyWhereTheyFit) {
   formats::GroupedSpec s;
@@ -958,7 +1016,6 @@ TEST(QGroup, PackerNamesBadCodesAndGroups) {
 // blocks of 16).
 TEST(QGroup, PrefillPrefetchCoversTheNextStrip) {
   for (const IsaLevel isa : {IsaLevel::avx512, IsaLevel::avx512_bf16}) {
-    const int mr = gemm_max_rows(isa, WeightFormat::qgroup);
     struct Layout {
       const char* name;
       bool nib, bias;
@@ -969,52 +1026,64 @@ TEST(QGroup, PrefillPrefetchCoversTheNextStrip) {
                               {"Q4_0", true, false, 32, 0, 1},
                               {"Q8_0", false, false, 32, 0, 1},
                               {"Q6_K", false, false, 16, 16, 0}};
-    for (const Layout& lay : layouts)
-      for (int rows = 1; rows < 8 * mr; ++rows) {
-        Problem p{isa, Epilogue::store, lay.nib, lay.bias, rows, 3 * 64, 512, lay.G, 7};
-        p.super = lay.super;
-        p.half = lay.half;
-        const Packed pk = make_weights(p);
-        const auto& l = pk.layout;
-        ASSERT_EQ(l.full_strips, 3);
-        KernelKey key = key_for(p, KernelKind::gemm_prefill, mr, kStripVecs);
-        const PrefillSplit sp = prefill_split(key, rows);
-        const int64_t strip = l.strip_offset(1) - l.strip_offset(0);
-        AlignedBuffer w(size_t(l.total_bytes() + 64 * 64));  // (with room past the strips)
-        std::memcpy(w.as<uint8_t>(), pk.w.data(), pk.w.size());
-        std::vector<int8_t> a(size_t(rows * p.K), 1);
-        std::vector<float> a_scale(size_t(rows), 1.0f), rw(size_t(rows), 1.0f);
-        std::vector<int32_t> gsum(size_t(rows * p.K / p.G), 0);
-        std::vector<float> out(size_t(rows * p.N), 0.0f);
-        std::vector<float*> out_rows;
-        for (int r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
-        std::vector<uint8_t> scratch(size_t(std::max<int64_t>(gemm_scratch_bytes(key, l.k4), 64)));
-        GemmArgs args{};
-        args.a = a.data();
-        args.lda = p.K;
-        args.w = w.as<int8_t>();
-        args.n_strips = 2;
-        args.k4 = l.k4;
-        args.a_scale = a_scale.data();
-        args.out_rows = out_rows.data();
-        args.row_weight = rw.data();
-        args.m_blocks = sp.blocks;
-        args.m_tail = sp.tail;
-        args.g_steps = l.g_steps;
-        args.g_per_strip = l.groups();
-        args.g_per_super = l.super_groups;
-        args.s_per_strip = l.supers();
-        args.lut = pk.lut;
-        args.a_gsum = gsum.data();
-        args.a_gsum_ld = rows * 4;
-        args.scratch = scratch.data();
-        const uint64_t reach = lay.nib ? 4 : 8;  // the lines a site touches (two K steps' codes)
-        const auto [missed, outside] = test::prefetch_cover(key, args, strip, w.size(), reach);
-        EXPECT_EQ(missed, 0) << isa_name(isa) << " " << lay.name << " " << rows << " rows ("
-                             << sp.blocks << " blocks, tail " << sp.tail
-                             << "): lines of the next strips never prefetched";
-        EXPECT_EQ(outside, 0) << isa_name(isa) << " " << lay.name << " " << rows
-                              << " rows: prefetches outside them";
+    // (and, at the VNNI level, the byte codes' half-strip tiles: 6 rows, two passes a tile, the
+    // rows after the blocks in the same call; Q6_K as the executor runs it there, signed codes
+    // with the fp32 super-block partials)
+    for (const bool halves : {false, true})
+      for (const Layout& lay : layouts) {
+        if (halves && (isa != IsaLevel::avx512_bf16 || lay.nib || lay.bias)) continue;
+        const int mr = halves ? kHalfStripRowsVnni : gemm_max_rows(isa, WeightFormat::qgroup);
+        // (the calls whose blocks share the strip: fewer than 8 blocks, 4 of two passes)
+        for (int rows = halves ? mr : 1; rows < (halves ? 4 : 8) * mr; ++rows) {
+          Problem p{isa, Epilogue::store, lay.nib, lay.bias, rows, 3 * 64, 512, lay.G, 7};
+          p.super = lay.super;
+          p.half = lay.half;
+          p.psums = p.fold = halves && lay.super;
+          const Packed pk = make_weights(p);
+          const auto& l = pk.layout;
+          ASSERT_EQ(l.full_strips, 3);
+          KernelKey key = key_for(p, KernelKind::gemm_prefill, mr, kStripVecs);
+          if (halves) key.variant |= kHalfStrips;
+          const PrefillSplit sp = prefill_split(key, rows);
+          const int64_t strip = l.strip_offset(1) - l.strip_offset(0);
+          AlignedBuffer w(size_t(l.total_bytes() + 64 * 64));  // (with room past the strips)
+          std::memcpy(w.as<uint8_t>(), pk.w.data(), pk.w.size());
+          std::vector<int8_t> a(size_t(rows * p.K), 1);
+          std::vector<float> a_scale(size_t(rows), 1.0f), rw(size_t(rows), 1.0f);
+          std::vector<int32_t> gsum(size_t(rows * p.K / p.G), 0);
+          std::vector<float> out(size_t(rows * p.N), 0.0f);
+          std::vector<float*> out_rows;
+          for (int r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
+          std::vector<uint8_t> scratch(
+              size_t(std::max<int64_t>(gemm_scratch_bytes(key, l.k4), 64)));
+          GemmArgs args{};
+          args.a = a.data();
+          args.lda = p.K;
+          args.w = w.as<int8_t>();
+          args.n_strips = 2;
+          args.k4 = l.k4;
+          args.a_scale = a_scale.data();
+          args.out_rows = out_rows.data();
+          args.row_weight = rw.data();
+          args.m_blocks = sp.blocks;
+          args.m_tail = sp.tail;
+          args.g_steps = l.g_steps;
+          args.g_per_strip = l.groups();
+          args.g_per_super = l.super_groups;
+          args.s_per_strip = l.supers();
+          args.lut = pk.lut;
+          args.a_gsum = gsum.data();
+          args.a_gsum_ld = rows * 4;
+          args.scratch = scratch.data();
+          // the lines a site touches: two K steps' codes (a half-strip pass's: one step's)
+          const uint64_t reach = lay.nib || halves ? 4 : 8;
+          const auto [missed, outside] = test::prefetch_cover(key, args, strip, w.size(), reach);
+          EXPECT_EQ(missed, 0) << isa_name(isa) << " " << lay.name << " " << rows << " rows ("
+                               << sp.blocks << " blocks, tail " << sp.tail
+                               << "): lines of the next strips never prefetched";
+          EXPECT_EQ(outside, 0) << isa_name(isa) << " " << lay.name << " " << rows
+                                << " rows: prefetches outside them";
+        }
       }
   }
 }

@@ -299,6 +299,28 @@ def test_qgroup_folds_can_be_turned_off(ref, tmp_path, monkeypatch, name):
         wrapper_for(path).load_weights()
 
 
+@needs_grouped
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K"])
+def test_half_strip_tiles_same_bits(ref, tmp_path, monkeypatch, name):
+    """The VNNI levels' 6-row half-strip tiles of byte codes without a bias (KT_JIT_HALF_STRIPS,
+    on by default) give the same bits as the 3-row tiles alone: blocks of 6 and the 1-5 rows
+    after them, within the bars."""
+    path, gate, up, down = make_model(tmp_path, (name, name, name), seed=INT_TYPES.index(name))
+    outs, names = [], []
+    for halves in ("1", "0"):
+        monkeypatch.setenv("KT_JIT_HALF_STRIPS", halves)
+        wr = wrapper_for(path)
+        wr.load_weights()
+        # 61 tokens x 2 of 8 experts: about 15 rows an expert
+        out, _ = check_moe(ref, wr, gate, up, down, 3e-2, T=61, actq=wr.moe.shard_bounds)
+        outs.append(out)
+        names.append([n for n in wr.moe.kernel_names() if n.endswith("_halves")])
+    assert torch.equal(outs[0], outs[1])
+    if wr.moe.isa in ("avx512_vnni", "avx512_bf16", "amx"):
+        assert [n for n in names[0] if "_m6n" in n], names[0]
+    assert not names[1], names[1]
+
+
 @pytest.mark.parametrize("name", FLOAT_TYPES)
 def test_moe_float_types(ref, tmp_path, name):
     path, gate, up, down = make_model(tmp_path, (name, name, name), seed=20)
