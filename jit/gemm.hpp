@@ -172,9 +172,11 @@ inline bool half_strip_format(WeightFormat fmt, uint16_t variant) {
   return ((variant & kQGroupI16) && (variant & kQGroupIdentity)) || !(variant & kQGroupOffset);
 }
 // At the VNNI levels, prefill tiles of kHalfStripRowsVnni rows x 2 vectors for the qgroup byte
-// codes without a bias (Q8_0, Q6_K, Q3_K, Q5_0 ...): the 3 x 4 tile streams its strip from L2
-// once per block at 256 bytes a K step for 12 vpdpbusd, more than this L2 gives L1 (a loop of it
-// alone ran at ~72 % of the peak on a Zen 5 with the strip in L2, ~100 % in L1); 6 x 2 asks half.
+// codes without a bias (Q8_0, Q5_0, Q6_K): the 3 x 4 tile reads 256 bytes of codes a K step for
+// 12 vpdpbusd and re-reads its strip (larger than L1) for every block; 6 x 2 reads half as many
+// bytes a dot product. Qwen3 layers streamed from DRAM ran 1.17-1.25x faster (Q8_0, Q5_0) and
+// 1.04-1.11x (Q6_K) on a Zen 5, with their experts in L3 1.06x (Q8_0) and 1.00x (Q6_K); a loop of
+// the steps alone from L2 (tools/tile_loop.cpp) shows no gain, so the cause is not pinned down.
 constexpr int kHalfStripRowsVnni = 6;
 inline bool half_strip_vnni_format(IsaLevel isa, WeightFormat fmt, uint16_t variant) {
   return (isa == IsaLevel::avx512_vnni || isa == IsaLevel::avx512_bf16) &&

@@ -808,7 +808,7 @@ TEST(QGroup, HalfStripTilesMatchReference) {
 // VNNI-level half-strip tiles (6 rows, two passes of 2 vectors) of the byte codes without a bias,
 // as the executor runs them from 6 rows, the 1-5 rows after the blocks in the same call
 // (m_tail): Q8_0-like (fp16 scales), fp32 and bf16 one-level scales (groups of 32 and 128),
-// Q3_K-like two-level scales (fp32 super-block partials) and Q6_K-like signed codes (int32-fold
+// unsigned two-level byte codes (fp32 super-block partials) and Q6_K-like signed codes (int32-fold
 // codes with the partials); bit for bit against the twin (check_problem). Nibbles and a bias keep
 // the 3-row tiles: the generator refuses the bit there.
 TEST(QGroup, VnniHalfStripTilesMatchReference) {
