@@ -172,15 +172,16 @@ inline bool half_strip_format(WeightFormat fmt, uint16_t variant) {
   return ((variant & kQGroupI16) && (variant & kQGroupIdentity)) || !(variant & kQGroupOffset);
 }
 // At the VNNI levels, prefill tiles of kHalfStripRowsVnni rows x 2 vectors for the qgroup byte
-// codes without a bias (Q8_0, Q5_0, Q6_K): the 3 x 4 tile reads 256 bytes of codes a K step for
-// 12 vpdpbusd and re-reads its strip (larger than L1) for every block; 6 x 2 reads half as many
-// bytes a dot product. Qwen3 layers streamed from DRAM ran 1.17-1.25x faster (Q8_0, Q5_0) and
-// 1.04-1.11x (Q6_K) on a Zen 5, with their experts in L3 1.06x (Q8_0) and 1.00x (Q6_K); a loop of
-// the steps alone from L2 (tools/tile_loop.cpp) shows no gain, so the cause is not pinned down.
+// codes (Q8_0, Q5_0, Q5_1, Q5_K, Q6_K): the 3 x 4 tile reads 256 bytes of codes a K step for 12
+// vpdpbusd and re-reads its strip (larger than L1) for every block; 6 x 2 reads half as many
+// bytes a dot product. Qwen3 layers streamed from DRAM ran 1.17-1.39x faster (Q8_0, Q5_0, Q5_1,
+// Q5_K) and 1.04-1.11x (Q6_K) on a Zen 5, with their experts in L3 1.06x (Q8_0) and 1.00x (Q6_K);
+// a loop of the steps alone from L2 (tools/tile_loop.cpp) shows no gain, so the cause is not
+// pinned down. Nibbles keep the 3 x 4 tile (Q4_0 was 1.00-1.02x faster).
 constexpr int kHalfStripRowsVnni = 6;
 inline bool half_strip_vnni_format(IsaLevel isa, WeightFormat fmt, uint16_t variant) {
   return (isa == IsaLevel::avx512_vnni || isa == IsaLevel::avx512_bf16) &&
-         fmt == WeightFormat::qgroup && !(variant & (kQGroupNibbles | kQGroupBias));
+         fmt == WeightFormat::qgroup && !(variant & kQGroupNibbles);
 }
 inline bool half_strip_kernel(const KernelKey& key) {
   return (key.variant & kHalfStrips) &&

@@ -1305,9 +1305,11 @@ class GemmGenerator : public JitGenerator {
   }
 
   // Registers free at a group end (the codes' and broadcasts' scratch; the table, mask and ones
-  // stay): 6 at VNNI levels, 8 at avx512, 5 at avx2.
+  // stay): 6 at VNNI levels (8 for byte codes, which take no table or mask: a 6-row half-strip
+  // tile's rows' s_g, scale and bias vectors), 8 at avx512, 5 at avx2.
   Xmm qend_tmp(int i) const {
-    static constexpr int kVnni[] = {24, 25, 26, 27, 28, 31};
+    static constexpr int kVnni[] = {24, 25, 26, 27, 28, 31, 29, 30};
+    if (vnni_ && qg4_ && i >= 6) throw std::logic_error("gemm: 6 group-end registers with nibbles");
     static constexpr int kZmm[] = {16, 17, 18, 19, 20, 21, 22, 23};
     static constexpr int kYmm[] = {8, 12, 13, 14, 15};
     return vreg(vnni_ ? kVnni[i] : zmm_isa() ? kZmm[i] : kYmm[i]);
@@ -1375,7 +1377,7 @@ class GemmGenerator : public JitGenerator {
     const bool built = qgs_ || qgh_;  // scale vectors built in registers (fp32: memory operands)
     const Xmm sc = qend_tmp(kept), bi = qend_tmp(kept + 1);
     // the fp32 accumulator: in its register, or (2-row avx2 tiles) loaded from the stack
-    const Xmm fa_tmp = qend_tmp(kept + 2);
+    const Xmm fa_tmp = qgs2_ ? qend_tmp(kept + 2) : sc;  // (avx2 2-row tiles only)
     const Reg64 qss_w = reg_k;  // (free after the group's K steps)
     if (qss_mode_ == Qss::store) mov(qss_w, qword[rsp + kQssWriteStack]);
     for (int v = 0; v < nv_; ++v) {

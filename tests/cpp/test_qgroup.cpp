@@ -805,12 +805,13 @@ TEST(QGroup, HalfStripTilesMatchReference) {
   EXPECT_GT(test::count_containing(names, "_m4n8_accum_halves"), 0u);
 }
 
-// VNNI-level half-strip tiles (6 rows, two passes of 2 vectors) of the byte codes without a bias,
-// as the executor runs them from 6 rows, the 1-5 rows after the blocks in the same call
-// (m_tail): Q8_0-like (fp16 scales), fp32 and bf16 one-level scales (groups of 32 and 128),
-// unsigned two-level byte codes (fp32 super-block partials) and Q6_K-like signed codes (int32-fold
-// codes with the partials); bit for bit against the twin (check_problem). Nibbles and a bias keep
-// the 3-row tiles: the generator refuses the bit there.
+// VNNI-level half-strip tiles (6 rows, two passes of 2 vectors) of the byte codes, as the executor
+// runs them from 6 rows, the 1-5 rows after the blocks in the same call (m_tail): Q8_0-like
+// (fp16 scales), fp32 and bf16 one-level scales (groups of 32 and 128), unsigned two-level byte
+// codes (fp32 super-block partials), Q6_K-like signed codes (int32-fold codes with the partials),
+// and with a bias Q5_1-like (fp16 scales) and Q5_K-like (two-level: the scale scratch of calls of
+// 2 blocks or more) codes, offset (c0 = 0) or not; bit for bit against the twin (check_problem).
+// Nibbles keep the 3-row tiles: the generator refuses the bit there.
 TEST(QGroup, VnniHalfStripTilesMatchReference) {
   std::vector<IsaLevel> vnni;
   for (IsaLevel isa : test::kernel_test_levels())
@@ -819,40 +820,55 @@ TEST(QGroup, VnniHalfStripTilesMatchReference) {
   struct Case {
     int64_t G, K, super;
     int half;
-    bool psums, fold;
-    const char* name;  // of the tile that must have run
+    bool psums, fold, bias;
+    const char* name;  // the start of the tile's name that must have run
   };
-  const Case cases[] = {{32, 256, 0, 1, false, false, "qg8h16_"},
-                        {32, 96, 0, 0, false, false, "qg8_"},
-                        {128, 384, 0, 2, false, false, "qg8hbf_"},
-                        {16, 256, 16, 0, true, false, "qg8ps_"},
-                        {16, 512, 16, 0, true, true, "qg8fps_"}};
+  const Case cases[] = {{32, 256, 0, 1, false, false, false, "qg8h16_"},
+                        {32, 96, 0, 0, false, false, false, "qg8_"},
+                        {128, 384, 0, 2, false, false, false, "qg8hbf_"},
+                        {16, 256, 16, 0, true, false, false, "qg8ps_"},
+                        {16, 512, 16, 0, true, true, false, "qg8fps_"},
+                        {32, 256, 0, 1, false, false, true, "qg8b"},
+                        {32, 512, 8, 0, false, false, true, "qg8b"}};
   uint32_t seed = 7000;
   for (IsaLevel isa : vnni) {
     std::vector<std::string> names;
+    size_t offset = 0;
     for (const Case& c : cases)
       for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
         for (int64_t M : {6, 8, 9, 10, 11, 12, 13})
           for (int64_t N : {40, 72, 100}) {
-            Problem p{isa, epi, false, false, M, N, c.K, c.G, seed++};
+            Problem p{isa, epi, false, c.bias, M, N, c.K, c.G, seed++};
             p.super = c.super;
             p.half = c.half;
             p.psums = c.psums;
             p.fold = c.fold;
             p.extreme = seed % 5 == 0;
+            // bias layers: codes in [0, 31] as unsigned operands (Q5_K's, Q5_1's) where the
+            // range allows, else signed
+            p.offset = c.bias && (p.seed / 16) % 2;
+            if (p.offset && p.c0() != 0) p.offset = false;
+            offset += p.offset;
             check_problem(p, &names);
             if (HasFatalFailure()) return;
           }
+    EXPECT_GT(offset, 10u);
     const std::string tag = "_" + isa_tag_of(isa) + "_m6n64_";
     for (const Case& c : cases)
-      for (const char* epi : {"store", "siluup", "accum"})
-        EXPECT_GT(test::count_containing(names, c.name + tag.substr(1) + epi + "_halves"), 0u)
-            << c.name << tag << epi;
+      for (const char* epi : {"store", "siluup", "accum"}) {
+        size_t n = 0;
+        for (const auto& name : names)
+          n += name.find(c.name) != std::string::npos &&
+               name.find(tag + epi + "_halves") != std::string::npos;
+        EXPECT_GT(n, 0u) << c.name << tag << epi;
+      }
+    EXPECT_GT(test::count_containing(names, "qg8bu0s_" + tag.substr(1)), 0u);    // Q5_K-like
+    EXPECT_GT(test::count_containing(names, "qg8bu0h16_" + tag.substr(1)), 0u);  // Q5_1-like
     // tail strips: gate/up of 2 vectors, and down of 1
     EXPECT_GT(test::count_containing(names, "_m6n32_siluup_halves"), 0u) << isa_name(isa);
     EXPECT_GT(test::count_containing(names, "_m6n16_accum_halves"), 0u) << isa_name(isa);
-    for (bool nib : {false, true}) {
-      Problem p{isa, Epilogue::store, nib, !nib, 8, 64, 256, 32, 1};
+    for (bool bias : {false, true}) {
+      Problem p{isa, Epilogue::store, true, bias, 8, 64, 256, 32, 1};
       KernelKey k = key_for(p, KernelKind::gemm_prefill, 6, 4);
       k.variant |= kHalfStrips;
       EXPECT_FALSE(half_strip_kernel(k)) << k.describe();

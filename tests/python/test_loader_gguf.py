@@ -300,9 +300,9 @@ def test_qgroup_folds_can_be_turned_off(ref, tmp_path, monkeypatch, name):
 
 
 @needs_grouped
-@pytest.mark.parametrize("name", ["Q8_0", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K", "Q5_K"])
 def test_half_strip_tiles_same_bits(ref, tmp_path, monkeypatch, name):
-    """The VNNI levels' 6-row half-strip tiles of byte codes without a bias (KT_JIT_HALF_STRIPS,
+    """The VNNI levels' 6-row half-strip tiles of byte codes (KT_JIT_HALF_STRIPS,
     on by default) give the same bits as the 3-row tiles alone: blocks of 6 and the 1-5 rows
     after them, within the bars."""
     path, gate, up, down = make_model(tmp_path, (name, name, name), seed=INT_TYPES.index(name))
