@@ -1029,7 +1029,7 @@ TEST(QGroup, PackerNamesBadCodesAndGroups) {
 // for every line of strips 1 and 2 (the bytes after the call's last strip) and for no weight line
 // outside them but the last sites' reach. Layouts as Q4_K's (nibbles, sub-scales and sub-biases,
 // super blocks of 8 groups), Q4_0's and Q8_0's (fp16 scales), Q6_K's (bytes, groups of 16, super
-// blocks of 16).
+// blocks of 16) and Q5_K's (bytes with sub-biases, super blocks of 8 groups).
 TEST(QGroup, PrefillPrefetchCoversTheNextStrip) {
   for (const IsaLevel isa : {IsaLevel::avx512, IsaLevel::avx512_bf16}) {
     struct Layout {
@@ -1041,20 +1041,21 @@ TEST(QGroup, PrefillPrefetchCoversTheNextStrip) {
     const Layout layouts[] = {{"Q4_K", true, true, 32, 8, 0},
                               {"Q4_0", true, false, 32, 0, 1},
                               {"Q8_0", false, false, 32, 0, 1},
-                              {"Q6_K", false, false, 16, 16, 0}};
+                              {"Q6_K", false, false, 16, 16, 0},
+                              {"Q5_K", false, true, 32, 8, 0}};
     // (and, at the VNNI level, the byte codes' half-strip tiles: 6 rows, two passes a tile, the
     // rows after the blocks in the same call; Q6_K as the executor runs it there, signed codes
-    // with the fp32 super-block partials)
+    // with the fp32 super-block partials; Q5_K's with the scale scratch of 2 blocks or more)
     for (const bool halves : {false, true})
       for (const Layout& lay : layouts) {
-        if (halves && (isa != IsaLevel::avx512_bf16 || lay.nib || lay.bias)) continue;
+        if (halves && (isa != IsaLevel::avx512_bf16 || lay.nib)) continue;
         const int mr = halves ? kHalfStripRowsVnni : gemm_max_rows(isa, WeightFormat::qgroup);
         // (the calls whose blocks share the strip: fewer than 8 blocks, 4 of two passes)
         for (int rows = halves ? mr : 1; rows < (halves ? 4 : 8) * mr; ++rows) {
           Problem p{isa, Epilogue::store, lay.nib, lay.bias, rows, 3 * 64, 512, lay.G, 7};
           p.super = lay.super;
           p.half = lay.half;
-          p.psums = p.fold = halves && lay.super;
+          p.psums = p.fold = halves && lay.super && !lay.bias;
           const Packed pk = make_weights(p);
           const auto& l = pk.layout;
           ASSERT_EQ(l.full_strips, 3);
