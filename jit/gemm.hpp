@@ -183,10 +183,13 @@ inline bool half_strip_vnni_format(IsaLevel isa, WeightFormat fmt, uint16_t vari
   return (isa == IsaLevel::avx512_vnni || isa == IsaLevel::avx512_bf16) &&
          fmt == WeightFormat::qgroup && !(variant & kQGroupNibbles);
 }
+// Whether `fmt` (with `variant`) has half-strip tiles at `isa`: avx2's or the VNNI levels'.
+inline bool half_strip_tiles(IsaLevel isa, WeightFormat fmt, uint16_t variant) {
+  return isa == IsaLevel::avx2 ? half_strip_format(fmt, variant)
+                               : half_strip_vnni_format(isa, fmt, variant);
+}
 inline bool half_strip_kernel(const KernelKey& key) {
-  return (key.variant & kHalfStrips) &&
-         (key.isa == IsaLevel::avx2 ? half_strip_format(key.format, key.variant)
-                                    : half_strip_vnni_format(key.isa, key.format, key.variant));
+  return (key.variant & kHalfStrips) && half_strip_tiles(key.isa, key.format, key.variant);
 }
 inline int half_strip_rows(IsaLevel isa) {
   return isa == IsaLevel::avx2 ? kHalfStripRows : kHalfStripRowsVnni;

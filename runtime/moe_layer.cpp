@@ -489,21 +489,15 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant =
         uint16_t(variant | kStripScratch);  // + SwiGLU bits
-  } else if (isa == IsaLevel::avx2 && half_strips && half_strip_format(fmt, variant)) {
-    // Half-strip tiles (jit/gemm.hpp half_strip_format): 4 rows x 2 vectors, two passes per
-    // strip, so each code vector is decoded (masked, looked up, |code|) once for 4 rows. An
-    // L1-resident loop of int4's K steps ran 1.07-1.08x the 2-row tile's on Zen 3, the layers
-    // 1.02-1.11x (docs/BENCHMARKS.md); the remainder of 1-3 rows takes the 2-row prefill and the
-    // decode tiles.
-    ks.tile_rows = ks.tile_min_rows = kHalfStripRows;
-    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
-    ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
-    ks.tile_full.variant = ks.tile_tail.variant = uint16_t(variant | kHalfStrips);
-  } else if (half_strips && half_strip_vnni_format(isa, fmt, variant)) {
-    // VNNI half-strip tiles (jit/gemm.hpp half_strip_vnni_format): 6 rows x 2 vectors, two passes
-    // per strip, each K step's code vectors read for 6 rows instead of 3, for the rows in whole
-    // blocks and the 1-5 after them (GemmArgs::m_tail).
-    ks.tile_rows = ks.tile_min_rows = kHalfStripRowsVnni;
+  } else if (half_strips && half_strip_tiles(isa, fmt, variant)) {
+    // Half-strip tiles (jit/gemm.hpp half_strip_format, half_strip_vnni_format): two passes of 2
+    // vectors per strip. avx2: 4 rows, so each code vector is decoded (masked, looked up, |code|)
+    // once for 4 rows (an L1-resident loop of int4's K steps ran 1.07-1.08x the 2-row tile's on
+    // Zen 3, the layers 1.02-1.11x; docs/BENCHMARKS.md); the remainder of 1-3 rows takes the
+    // 2-row prefill and the decode tiles. VNNI levels, byte codes: 6 rows, each K step's code
+    // vectors read for 6 rows instead of 3, the 1-5 rows after the blocks in the same call
+    // (GemmArgs::m_tail).
+    ks.tile_rows = ks.tile_min_rows = half_strip_rows(isa);
     ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant = uint16_t(variant | kHalfStrips);
