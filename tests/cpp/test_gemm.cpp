@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
+#include <random>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -681,6 +684,139 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
                            << "): lines of the next strips never prefetched";
       EXPECT_EQ(outside, 0) << key.name() << " " << rows << " rows: prefetches outside them";
     }
+}
+#endif
+
+#if !defined(__aarch64__)
+// Prefill accumulate tiles read-modify-write their rows' output lines, scattered over the
+// tokens' partial rows (T x H fp32), which at large T come from DRAM: each tile asks for the
+// next tile's lines a whole tile ahead (jit/x64/gemm.cpp prefetch_next_tile_outputs). Checked
+// in the interpreter, which logs prefetches and stores in program order, over three strips: the
+// tiles are the runs of output stores; every line a tile stores, but for the call's first tile,
+// must have been prefetched before the tile before it stored anything, and no prefetch may fall
+// on output lines the call does not write (rows past its end, the strip after its last). For
+// the executor's prefill accumulate tiles: int8 at the VNNI levels and avx2, the vdpbf16ps
+// pairs, avx2 int4's half-strip tiles (two passes a strip); blocks, tails, and calls of one tile.
+TEST(Gemm, PrefillAccumPrefetchesTheNextTilesOutputs) {
+  struct Case {
+    IsaLevel isa;
+    WeightFormat fmt;
+    int m_r;
+    uint16_t variant;
+  };
+  const Case cases[] = {
+      {IsaLevel::avx512_bf16, WeightFormat::int8, 6, 0},
+      {IsaLevel::avx512_bf16, WeightFormat::bf16, 6, kBf16Pairs},
+      {IsaLevel::avx2, WeightFormat::int8, 3, 0},
+      {IsaLevel::avx2, WeightFormat::int4, 4, kHalfStrips},
+  };
+  const int64_t K = 64;
+  int checked = 0;
+  for (const Case& c : cases)
+    for (const int rows : {1, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 16, 19, 25, 47}) {
+      KernelKey key =
+          key_for(c.isa, KernelKind::gemm_prefill, c.m_r, kStripVecs, Epilogue::accum, c.fmt);
+      key.variant = c.variant;
+      const PrefillSplit sp = prefill_split(key, rows);
+      if (sp.blocks == 0 && sp.tail == 0) continue;  // (rows the call's decode tiles take)
+      const bool bf16 = c.fmt == WeightFormat::bf16, int4 = c.fmt == WeightFormat::int4;
+      const int lanes = vec_lanes(c.isa);
+      const int64_t N = 3 * kStripVecs * lanes;  // three full strips
+      const auto l = formats::StripLayout::make(N, K, lanes, kStripVecs, 1,
+                                                bf16   ? 16
+                                                : int4 ? 4
+                                                       : 8,
+                                                bf16 ? bf16_kgroup(c.isa) : 0);
+      // (room past the strips for the last strip's prefetch of the next one's weights)
+      const int64_t strip = l.strip_offset(1) - l.strip_offset(0);
+      AlignedBuffer w(size_t(l.total_bytes() + strip + 64 * 64));
+      std::memset(w.as<uint8_t>(), 0, w.size());
+      std::vector<float> scale(size_t(l.total_cols()), 1.0f), a_scale(size_t(rows), 1.0f);
+      std::vector<float> row_weight(size_t(rows), 1.0f);
+      std::vector<int32_t> comp(size_t(l.total_cols()), 0), a_gsum(size_t(rows), 0);
+      std::vector<int8_t> a(size_t(rows * K * 2), 0);
+      // the call's rows scattered over a partial buffer of 4 * rows + 8 rows in shuffled order,
+      // each row on a cache line's start as the executor's are
+      const int64_t stride = N + 16, buffer_rows = 4 * rows + 8;
+      AlignedBuffer out_buf(size_t(buffer_rows * stride) * sizeof(float));
+      std::memset(out_buf.as<float>(), 0, out_buf.size());
+      float* const out0 = out_buf.as<float>();
+      std::vector<int64_t> pick(static_cast<size_t>(buffer_rows));
+      std::iota(pick.begin(), pick.end(), 0);
+      std::mt19937 rng(uint32_t(rows) * 7u + uint32_t(checked));
+      std::shuffle(pick.begin(), pick.end(), rng);
+      std::vector<float*> out_rows;
+      for (int r = 0; r < rows; ++r) out_rows.push_back(out0 + pick[size_t(r)] * stride);
+      GemmArgs args{};
+      args.a = a.data();
+      args.lda = bf16 ? K * 2 : K;
+      args.w = w.as<int8_t>();
+      args.n_strips = 3;
+      args.k4 = l.k4;
+      args.a_scale = a_scale.data();
+      args.w_scale = scale.data();
+      args.w_comp = comp.data();
+      args.a_gsum = a_gsum.data();
+      args.row_weight = row_weight.data();
+      args.out_rows = out_rows.data();
+      args.m_blocks = sp.blocks;
+      args.m_tail = sp.tail;
+      // program order: prefetches and stores into the output buffer
+      struct Event {
+        bool store;
+        uint64_t line;
+      };
+      std::vector<Event> ev;
+      const uint64_t o0 = reinterpret_cast<uint64_t>(out0), o1 = o0 + out_buf.size();
+      test::EmuOptions opt;
+      opt.on_prefetch = [&](uint64_t at) {
+        if (at >= o0 && at < o1) ev.push_back({false, at / 64});
+      };
+      opt.on_vector_store = [&](uint64_t at, int bytes) {
+        if (at >= o0 && at < o1)
+          for (uint64_t x = at / 64; x <= (at + uint64_t(bytes) - 1) / 64; ++x)
+            ev.push_back({true, x});
+      };
+      const Kernel* k = KernelCache::instance().get(key);
+      ASSERT_NE(k, nullptr) << key.name();
+      test::emulate_x64(k->code.data(), k->code.size(), &args, opt);
+      // tiles: the runs of stores; a line's first prefetch; each run's first event index
+      std::vector<std::vector<uint64_t>> tiles;
+      std::vector<size_t> tile_start;
+      std::map<uint64_t, size_t> first_pf;
+      std::set<uint64_t> stored;
+      for (size_t i = 0; i < ev.size(); ++i) {
+        if (!ev[i].store) {
+          first_pf.emplace(ev[i].line, i);
+          continue;
+        }
+        if (i == 0 || !ev[i - 1].store) {
+          tiles.emplace_back();
+          tile_start.push_back(i);
+        }
+        tiles.back().push_back(ev[i].line);
+        stored.insert(ev[i].line);
+      }
+      const int64_t tiles_expected = 3 *
+                                     (sp.blocks + (sp.tail > c.m_r ? 2
+                                                   : sp.tail       ? 1
+                                                                   : 0)) *
+                                     (c.variant & kHalfStrips ? 2 : 1);
+      EXPECT_EQ(int64_t(tiles.size()), tiles_expected) << key.name() << " " << rows << " rows";
+      int64_t late = 0, wasted = 0;
+      for (size_t t = 1; t < tiles.size(); ++t)
+        for (uint64_t line : tiles[t]) {
+          const auto it = first_pf.find(line);
+          if (it == first_pf.end() || it->second > tile_start[t - 1]) ++late;
+        }
+      for (const auto& [line, at] : first_pf) wasted += stored.count(line) ? 0 : 1;
+      EXPECT_EQ(late, 0) << key.name() << " " << rows << " rows (" << sp.blocks << " blocks, tail "
+                         << sp.tail << "): output lines not prefetched a tile ahead";
+      EXPECT_EQ(wasted, 0) << key.name() << " " << rows
+                           << " rows: prefetches of output lines the call does not write";
+      ++checked;
+    }
+  EXPECT_GT(checked, 40);
 }
 #endif
 

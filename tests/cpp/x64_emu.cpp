@@ -261,7 +261,9 @@ class Machine {
       return;
     }
     if (!is_mem(o)) fail(rip, "vector destination kind");
-    std::memcpy(reinterpret_cast<void*>(address(rip, in, o)), src, size_t(bytes));
+    const uint64_t at = address(rip, in, o);
+    std::memcpy(reinterpret_cast<void*>(at), src, size_t(bytes));
+    if (opt_.on_vector_store) opt_.on_vector_store(at, bytes);
   }
 
   // ---- flags -------------------------------------------------------------------------------

@@ -40,6 +40,8 @@ struct EmuOptions {
   // Called with the address of each software prefetch (prefetcht0/t1/t2/nta), which otherwise
   // does nothing here.
   std::function<void(uint64_t)> on_prefetch;
+  // Called with the address and size of each vector register stored to memory (after the store).
+  std::function<void(uint64_t, int)> on_vector_store;
 };
 
 // Runs `code` (entry at offset 0, System V ABI) with `arg0` in rdi until its outermost `ret`.
