@@ -731,9 +731,11 @@ TEST(Gemm, PrefillAccumPrefetchesTheNextTilesOutputs) {
       const int64_t strip = l.strip_offset(1) - l.strip_offset(0);
       AlignedBuffer w(size_t(l.total_bytes() + strip + 64 * 64));
       std::memset(w.as<uint8_t>(), 0, w.size());
-      std::vector<float> scale(size_t(l.total_cols()), 1.0f), a_scale(size_t(rows), 1.0f);
+      // (the scales and compensations with room past them too: the last strip prefetches the
+      // next one's, which must not land in the output buffer whatever the heap's layout)
+      std::vector<float> scale(size_t(2 * l.total_cols()), 1.0f), a_scale(size_t(rows), 1.0f);
       std::vector<float> row_weight(size_t(rows), 1.0f);
-      std::vector<int32_t> comp(size_t(l.total_cols()), 0), a_gsum(size_t(rows), 0);
+      std::vector<int32_t> comp(size_t(2 * l.total_cols()), 0), a_gsum(size_t(rows), 0);
       std::vector<int8_t> a(size_t(rows * K * 2), 0);
       // the call's rows scattered over a partial buffer of 4 * rows + 8 rows in shuffled order,
       // each row on a cache line's start as the executor's are
