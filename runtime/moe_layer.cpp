@@ -192,9 +192,15 @@ struct MoELayer::Scratch {
   const float* x = nullptr;
   int64_t T = 0, rows = 0, lda_x = 0, p_stride = 0;
   bool decode = false;  // every expert fits one decode tile (see forward())
+  // Prefill, bf16 / fp8 weights: the rows of the experts whose gate/up runs the whole pair tier
+  // (MoELayer::pair_tier_whole) are gathered as bf16, each token rounded once (xb, ab), instead
+  // of as fp32 rows that every gate/up call rounds again.
+  bool gu_bf16 = false;
+  std::vector<uint8_t> row_bf16;  // per row: gathered into ab (else aq)
   struct PerPool {
     HugeVector<int8_t> xq, aq;  // tokens quantized once, then gathered per row (prefill)
     std::vector<float> xs, as;
+    HugeVector<uint16_t> xb, ab;  // [T][H], [rows][H] bf16 (gu_bf16)
   };
   struct PerShard {
     HugeVector<float> h, partial;  // partial: [T, p_stride] fp32
@@ -921,12 +927,19 @@ void MoELayer::load_experts_mx(const std::vector<MxExpertSource>& experts, Threa
     for (int si = 0; si < num_shards(); ++si) mark_loaded(si, x.slot);
 }
 
+bool MoELayer::pair_tier_whole(const GemmKernelSet& ks, int64_t k, int64_t rows) {
+  return ks.tile_rows && block_pair_kernel(ks.tile_full) && tail_rows_kernel(ks.tile_full) &&
+         rows >= ks.tile_min_rows && k % 2 == 0;
+}
+
 void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout, bool reference,
                         const int8_t* w, const float* scale, const int32_t* comp,
                         int64_t strip_begin, int64_t strip_end, const int8_t* a, int64_t lda,
                         const float* a_scale, int64_t rows, float* const* out_rows,
                         int64_t out_col0, const float* row_weight, const float* gscale,
-                        const int8_t* pf_last) const {
+                        const int8_t* pf_last, const uint16_t* a_bf16) const {
+  if (a_bf16 && !pair_tier_whole(ks, layout.k, rows))
+    throw std::logic_error("run_gemm: bf16 rows given to a call outside the whole pair tier");
   const int full_cols = layout.strip_cols(layout.strip_vecs);
   const int out_full = gemm_strip_out_cols(isa_, layout.strip_vecs, ks.epilogue);
   // The rows' activation sums of GemmArgs::a_gsum ([g][row]), computed here once per call from
@@ -975,13 +988,17 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
   const int64_t pair_rows = !bf16_pairs                      ? 0
                             : tail_rows_kernel(ks.tile_full) ? rows
                                                              : round_up(rows, ks.tile_rows);
+  const uint16_t* a16_rows = a_bf16;  // (K a row; else a16, converted here)
   if (bf16_pairs) {
     const int64_t K = layout.k;
-    // rows past `rows` (AMX's padding) read as zeros; the rest is written right below
-    a16.resize(size_t(pair_rows * K));
-    std::fill(a16.begin() + rows * K, a16.end(), uint16_t(0));
-    for (int64_t r = 0; r < rows; ++r)
-      to_bf16(reinterpret_cast<const float*>(a + r * lda), K, &a16[size_t(r * K)]);
+    if (!a_bf16) {
+      // rows past `rows` (AMX's padding) read as zeros; the rest is written right below
+      a16.resize(size_t(pair_rows * K));
+      std::fill(a16.begin() + rows * K, a16.end(), uint16_t(0));
+      for (int64_t r = 0; r < rows; ++r)
+        to_bf16(reinterpret_cast<const float*>(a + r * lda), K, &a16[size_t(r * K)]);
+      a16_rows = a16.data();
+    }
     // The dummy row is as wide as the widest column this call writes.
     pair_dummy.resize(size_t(out_col0 + (layout.full_strips + 1) * out_full));
     pair_out.assign(out_rows, out_rows + rows);
@@ -1010,7 +1027,7 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     args.lda = lda;
     args.scratch = nullptr;
     if (block_pair_kernel(key)) {
-      args.a = reinterpret_cast<const int8_t*>(a16.data() + row0 * layout.k);
+      args.a = reinterpret_cast<const int8_t*>(a16_rows + row0 * layout.k);
       args.lda = layout.k * 2;
     }
     if (gemm_scratch_bytes(key, 1)) args.scratch = pair_scratch.data();
@@ -1200,6 +1217,14 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
   s.decode = max_count <= shards_[0].gu_kernels.max_rows;
   const int P = pool.pools(), S = num_shards();
   s.pools.resize(size_t(P));
+  const GemmKernelSet& gu0 = shards_[0].gu_kernels;  // (every shard's gate/up: the same K, tiers)
+  s.gu_bf16 = !s.decode && float_act && pair_tier_whole(gu0, H, gu0.tile_min_rows);
+  if (s.gu_bf16) {
+    s.row_bf16.assign(size_t(rows), 0);
+    for (int e : s.active)
+      if (pair_tier_whole(gu0, H, s.count[size_t(e)]))
+        std::fill_n(s.row_bf16.begin() + s.offset[size_t(e)], s.count[size_t(e)], uint8_t(1));
+  }
   if (!s.decode)
     for (int p = 0; p < std::min(P, S); ++p) {
       auto& ps = s.pools[size_t(p)];
@@ -1207,6 +1232,10 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
       ps.xs.resize(size_t(T));
       ps.aq.resize(size_t(rows * s.lda_x));
       ps.as.resize(size_t(rows));
+      if (s.gu_bf16) {
+        ps.xb.resize(size_t(T * H));
+        ps.ab.resize(size_t(rows * H));
+      }
     }
   s.shards.resize(size_t(S));
   for (int si = 0; si < S; ++si) prepare_shard(si, s);
@@ -1219,16 +1248,21 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
       const bool flip = activations_unsigned(false);
       int64_t t0, t1;
       split_range(T, wk.tid, wk.nt, &t0, &t1);
-      for (int64_t t = t0; t < t1; ++t)
+      for (int64_t t = t0; t < t1; ++t) {
         quantize_act_row(rq, x + t * H, H, float_act, flip, s.lda_x, ps.xq.data() + t * s.lda_x,
                          &ps.xs[size_t(t)]);
+        if (s.gu_bf16) rq.to_bf16(x + t * H, H, ps.xb.data() + t * H);
+      }
       wk.barrier();
       // Gather each expert's rows so its tile reads them at a fixed stride.
       int64_t r0, r1;
       split_range(rows, wk.tid, wk.nt, &r0, &r1);
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t t = s.row_token[size_t(r)];
-        std::memcpy(ps.aq.data() + r * s.lda_x, ps.xq.data() + t * s.lda_x, size_t(s.lda_x));
+        if (s.gu_bf16 && s.row_bf16[size_t(r)])
+          std::memcpy(ps.ab.data() + r * H, ps.xb.data() + t * H, size_t(H) * 2);
+        else
+          std::memcpy(ps.aq.data() + r * s.lda_x, ps.xq.data() + t * s.lda_x, size_t(s.lda_x));
         ps.as[size_t(r)] = ps.xs[size_t(t)];
       }
       wk.barrier();
@@ -1339,9 +1373,11 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
     const int64_t row0 = s.offset[size_t(e)], m = s.count[size_t(e)];
     const int8_t* a;
     const float* a_scale;
+    const uint16_t* a_bf16 = nullptr;
     if (pool_s) {
       a = pool_s->aq.data() + row0 * s.lda_x;
       a_scale = pool_s->as.data() + row0;
+      if (s.gu_bf16 && s.row_bf16[size_t(row0)]) a_bf16 = pool_s->ab.data() + row0 * H;
     } else {
       own_q.resize(size_t(m * s.lda_x));
       own_s.resize(size_t(m));
@@ -1361,7 +1397,8 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
     run_gemm(sh.gu_kernels, sh.gu, reference, gu_w(e), sh.scales.as<float>() + e * sh.expert_cols,
              sh.comps.as<int32_t>() + e * sh.expert_cols, st0, st1, a, s.lda_x, a_scale, m,
              ss.h_rows.data() + row0, 0, nullptr,
-             sh.expert_gscale ? sh.gscales.as<float>() + e * sh.expert_gscale : nullptr, next);
+             sh.expert_gscale ? sh.gscales.as<float>() + e * sh.expert_gscale : nullptr, next,
+             a_bf16);
     u += st1 - st0;
   }
   wk.barrier();

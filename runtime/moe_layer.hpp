@@ -225,7 +225,12 @@ class MoELayer {
                 const int8_t* w, const float* scale, const int32_t* comp, int64_t strip_begin,
                 int64_t strip_end, const int8_t* a, int64_t lda, const float* a_scale, int64_t rows,
                 float* const* out_rows, int64_t out_col0, const float* row_weight,
-                const float* gscale, const int8_t* pf_last = nullptr) const;
+                const float* gscale, const int8_t* pf_last = nullptr,
+                const uint16_t* a_bf16 = nullptr) const;
+  // Whether calls of `rows` rows of this kernel set run the vdpbf16ps / AMX-BF16 pair tier with
+  // all their rows and no padding (bf16 activations, K even): the calls that can take their
+  // rows already in bf16 (run_gemm's a_bf16).
+  static bool pair_tier_whole(const GemmKernelSet& ks, int64_t k, int64_t rows);
   MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
            const std::vector<int64_t>& shard_bounds, const formats::GroupedSpec* gu,
            const formats::GroupedSpec* down);
