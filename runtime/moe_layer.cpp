@@ -927,9 +927,8 @@ void MoELayer::load_experts_mx(const std::vector<MxExpertSource>& experts, Threa
     for (int si = 0; si < num_shards(); ++si) mark_loaded(si, x.slot);
 }
 
-bool MoELayer::pair_tier_whole(const GemmKernelSet& ks, int64_t k, int64_t rows) {
-  return ks.tile_rows && block_pair_kernel(ks.tile_full) && tail_rows_kernel(ks.tile_full) &&
-         rows >= ks.tile_min_rows && k % 2 == 0;
+bool MoELayer::pair_tier(const GemmKernelSet& ks, int64_t k, int64_t rows) {
+  return ks.tile_rows && block_pair_kernel(ks.tile_full) && rows >= ks.tile_min_rows && k % 2 == 0;
 }
 
 void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& layout, bool reference,
@@ -978,8 +977,7 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
     else
       rowq_.to_bf16(x, n, out);
   };
-  const bool bf16_pairs = ks.tile_rows && block_pair_kernel(ks.tile_full) &&
-                          rows >= ks.tile_min_rows && layout.k % 2 == 0;
+  const bool bf16_pairs = pair_tier(ks, layout.k, rows);
   static thread_local std::vector<uint16_t> a16;
   static thread_local std::vector<uint8_t> pair_scratch;
   static thread_local std::vector<float*> pair_out;

@@ -227,10 +227,13 @@ class MoELayer {
                 float* const* out_rows, int64_t out_col0, const float* row_weight,
                 const float* gscale, const int8_t* pf_last = nullptr,
                 const uint16_t* a_bf16 = nullptr) const;
-  // Whether calls of `rows` rows of this kernel set run the vdpbf16ps / AMX-BF16 pair tier with
-  // all their rows and no padding (bf16 activations, K even): the calls that can take their
-  // rows already in bf16 (run_gemm's a_bf16).
-  static bool pair_tier_whole(const GemmKernelSet& ks, int64_t k, int64_t rows);
+  // Whether calls of `rows` rows of this kernel set run the vdpbf16ps / AMX-BF16 pair tier (bf16
+  // activations, K even), and whether they run it with all their rows and no padding: the calls
+  // that can take their rows already in bf16 (run_gemm's a_bf16).
+  static bool pair_tier(const GemmKernelSet& ks, int64_t k, int64_t rows);
+  static bool pair_tier_whole(const GemmKernelSet& ks, int64_t k, int64_t rows) {
+    return pair_tier(ks, k, rows) && tail_rows_kernel(ks.tile_full);
+  }
   MoELayer(const MoEShape& shape, const std::string& method, IsaLevel isa,
            const std::vector<int64_t>& shard_bounds, const formats::GroupedSpec* gu,
            const formats::GroupedSpec* down);
