@@ -372,9 +372,16 @@ class GemmGenerator : public JitGenerator {
                                   (qgl_ && qgb_ ? formats::kQGroupLaneMaxGroups * 32 : 0)
                       : i4w_ ? kI4AccStack + mr_ * nv_ * vec_bytes()
                              : 16;
-    pf_slot_ = stack;  // pf_var_kernel: the call's rows, a tile's stride, the units a site
-    preamble(stack + (pf_var_kernel() ? 32 : 0));
+    rounds_stack_ = stack;
+    const int rounds = rounds_kernel() ? kRoundScalars + kRoundRows * nv_ * 64 + 64 : 0;
+    pf_slot_ = stack + rounds;  // pf_var_kernel: the call's rows, a tile's stride, the units a site
+    preamble(pf_slot_ + (pf_var_kernel() ? 32 : 0));
     load_params();
+    if (rounds_kernel()) {  // the rows' accumulator slots, 64-byte aligned
+      lea(reg_tmp, ptr[rsp + rounds_stack_ + kRoundScalars + 63]);
+      and_(reg_tmp, -64);
+      mov(qword[rsp + rounds_stack_ + kRoundSlots], reg_tmp);
+    }
     if (pf_var_kernel()) {  // the call's rows, for pf_var_stride
       mov(reg_tmp, arg(offsetof(GemmArgs, m_blocks)));
       imul(reg_tmp, reg_tmp, mr_);
@@ -409,7 +416,7 @@ class GemmGenerator : public JitGenerator {
           fp8_pair_repack();
       }
       if (prefill_) {
-        Label mb_done;
+        Label mb_done, strip_done;
         xor_(reg_row.cvt32(), reg_row.cvt32());
         // The first pf_blocks blocks each prefetch their share of the next strip into L2 (one
         // line per two K steps: an eighth of it, below DRAM speed), so the next strip's DRAM
@@ -435,6 +442,17 @@ class GemmGenerator : public JitGenerator {
           mov(reg_pf, reg_tmp);
           L(keep);
         }
+        Label blocks;
+        if (rounds_kernel()) {  // calls of 1 .. kRoundBlocks blocks: group by group
+          mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
+          cmp(reg_mb, 1);
+          jl(blocks, T_NEAR);
+          cmp(reg_mb, kRoundBlocks);
+          jg(blocks, T_NEAR);
+          strip_rounds();
+          jmp(strip_done, T_NEAR);
+        }
+        L(blocks);
         mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
         test(reg_mb, reg_mb);
         jle(mb_done, T_NEAR);  // (reg_pf set for a fused tail tile)
@@ -512,6 +530,7 @@ class GemmGenerator : public JitGenerator {
             tail_rows(false);
           }
         }
+        L(strip_done);
         // Leave reg_w at the next strip whether or not any block ran.
         strip_bytes_to(reg_tmp);
         lea(reg_w, ptr[reg_strip + reg_tmp]);
@@ -883,9 +902,241 @@ class GemmGenerator : public JitGenerator {
     if (!qg_) shl(reg_tmp2, 6);
     mov(qword[rsp + pf_slot_ + 8], reg_tmp2);
   }
+  // fp8 pair prefill in rounds (rounds_kernel): a call of 1 .. kRoundBlocks blocks runs each
+  // strip group by group (64 k pairs, one scale per strip half), every block and the tail rows
+  // one pass over the group: the first block decodes the group's codes into the first 16 KB of
+  // the scratch (microkernel_fp8_fused, which prefetches the next strip) and the other passes
+  // read them there, while they are in L1. Each pass folds its group sums into its rows' fp32
+  // slots on the stack, and the epilogues run after the last group. Block by block, the first
+  // block wrote the whole strip's bf16 pairs (twice its fp8 bytes) to L2 and every later block
+  // read them back from there: at Qwen3-30B-A3B T = 256 (16 rows an expert) dropping only those
+  // writes made the layer 1.06-1.10x faster (a Zen 5). Same sums in the same order: the same
+  // bits as the blocks.
+  static constexpr int kRoundBlocks = 8;
+  bool rounds_ = false;
+  int rounds_stack_ = 0;  // [rsp + rounds_stack_ + kRound*]: the scalars below, then the slots
+  static constexpr int kRoundCodes = 0;    // the first block's position in the strip's codes
+  static constexpr int kRoundKBytes = 8;   // the activations' bytes before the group
+  static constexpr int kRoundScales = 16;  // the group's scale entry
+  static constexpr int kRoundPairs = 24;   // the group's k pairs
+  static constexpr int kRoundSlots = 32;   // the slots (64-byte aligned): row r at r * nv_ * 64
+  static constexpr int kRoundScalars = 64;
+  static constexpr int kRoundRows = (kRoundBlocks + 1) * 6;
+  bool rounds_kernel() const {
+    return fused_first() && fp8p_ && mr_ == 6 && tail_rows_kernel(key_);
+  }
+  int fp8_half(int v) const {
+    return v < (key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_) ? 0 : 1;
+  }
+  // reg_tmp: the slots of row reg_row
+  void round_slots() {
+    mov(reg_tmp, reg_row);
+    imul(reg_tmp, reg_tmp, nv_ * 64);
+    add(reg_tmp, qword[rsp + rounds_stack_ + kRoundSlots]);
+  }
+  // One pass: the group's k pairs over rows reg_row .. + mr_, folded into their slots.
+  void round_pass(bool first) {
+    mov(reg_a, reg_row);
+    imul(reg_a, reg_lda);
+    add(reg_a, arg(offsetof(GemmArgs, a)));
+    add(reg_a, qword[rsp + rounds_stack_ + kRoundKBytes]);
+    if (mr_ > 3) {
+      lea(reg_a3, ptr[reg_a + reg_lda * 2]);
+      add(reg_a3, reg_lda);
+    }
+    mov(reg_gs, qword[rsp + rounds_stack_ + kRoundScales]);
+    mov(reg_gk, qword[rsp + rounds_stack_ + kRoundPairs]);
+    if (first) {
+      mov(reg_w, qword[rsp + rounds_stack_ + kRoundCodes]);
+      mov(reg_sw, arg(offsetof(GemmArgs, scratch)));
+      fp8_fused_constants();
+    } else {
+      mov(reg_w, arg(offsetof(GemmArgs, scratch)));
+    }
+    zero_gacc();
+    fuse_ = first;
+    fp8_group_steps(first);
+    fuse_ = false;
+    if (first) mov(qword[rsp + rounds_stack_ + kRoundCodes], reg_w);
+    round_slots();
+    const Xmm t = vreg(num_vregs() - 1);
+    for (int m = 0; m < mr_; ++m)
+      for (int v = 0; v < nv_; ++v) {
+        const Address slot = zword[reg_tmp + (m * nv_ + v) * 64];
+        vmovups(t, slot);
+        vfmadd231ps(t, gacc(m, v), zword[rsp + kFp8ScaleStack + fp8_half(v) * 64]);
+        vmovups(slot, t);
+      }
+  }
+  // `body` with mr_ set to the call's m_tail (1 .. m_r - 1), if any.
+  template <class Body>
+  void for_round_tail(Body&& body) {
+    const int rows = mr_;
+    Label done;
+    for (int t = 1; t < rows; ++t) {
+      Label next;
+      cmp(arg(offsetof(GemmArgs, m_tail)), t);
+      jne(next, T_NEAR);
+      mr_ = t;
+      body();
+      mr_ = rows;
+      jmp(done, T_NEAR);
+      L(next);
+    }
+    L(done);
+  }
+  void strip_rounds() {
+    rounds_ = true;
+    const int rows = mr_;
+    {  // the call's rows' slots, zeroed
+      Label row;
+      const Xmm z = vreg(num_vregs() - 1);
+      vpxord(z, z, z);
+      mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
+      imul(reg_mb, reg_mb, rows);
+      add(reg_mb, arg(offsetof(GemmArgs, m_tail)));
+      mov(reg_tmp, qword[rsp + rounds_stack_ + kRoundSlots]);
+      L(row);
+      for (int v = 0; v < nv_; ++v) vmovups(zword[reg_tmp + v * 64], z);
+      add(reg_tmp, nv_ * 64);
+      dec(reg_mb);
+      jnz(row, T_NEAR);
+    }
+    if (key_.epilogue == Epilogue::accum) {
+      // the rows' output lines into L2 for the epilogues after the last group
+      Label row;
+      mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
+      imul(reg_mb, reg_mb, rows);
+      add(reg_mb, arg(offsetof(GemmArgs, m_tail)));
+      xor_(reg_row.cvt32(), reg_row.cvt32());
+      L(row);
+      out_row_ptr(reg_tmp, 0);
+      for (int v = 0; v < nv_; ++v) prefetcht1(ptr[reg_tmp + sv(v) * vec_bytes()]);
+      inc(reg_row);
+      cmp(reg_row, reg_mb);
+      jl(row, T_NEAR);
+    }
+    mov(qword[rsp + rounds_stack_ + kRoundCodes], reg_strip);
+    mov(qword[rsp + rounds_stack_ + kRoundKBytes], 0);
+    mov(reg_tmp, qword[rsp + 8]);
+    mov(qword[rsp + rounds_stack_ + kRoundScales], reg_tmp);
+    mov(reg_k, arg(offsetof(GemmArgs, k4)));
+    shr(reg_k, 1);
+    Label group, blocks_done;
+    L(group);
+    {
+      mov(reg_gs, qword[rsp + rounds_stack_ + kRoundScales]);
+      fp8_group_scales();
+      mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
+      shr(reg_gk, 1);
+      cmp(reg_gk, reg_k);
+      cmovg(reg_gk, reg_k);  // the last group may be short
+      sub(reg_k, reg_gk);
+      mov(qword[rsp + rounds_stack_ + kRoundPairs], reg_gk);
+      xor_(reg_row.cvt32(), reg_row.cvt32());
+      round_pass(true);
+      mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
+      Label block;
+      L(block);
+      add(reg_row, rows);
+      dec(reg_mb);
+      jz(blocks_done, T_NEAR);
+      round_pass(false);
+      jmp(block, T_NEAR);
+      L(blocks_done);
+      for_round_tail([&] { round_pass(false); });
+      mov(reg_tmp, qword[rsp + rounds_stack_ + kRoundPairs]);
+      shl(reg_tmp, 2);
+      add(qword[rsp + rounds_stack_ + kRoundKBytes], reg_tmp);
+      add(qword[rsp + rounds_stack_ + kRoundScales], gs_strip_bytes_per_group());
+      test(reg_k, reg_k);
+      jnz(group, T_NEAR);
+    }
+    auto ends = [&] {  // the rows' sums into the accumulators, then the epilogue
+      round_slots();
+      for (int m = 0; m < mr_; ++m)
+        for (int v = 0; v < nv_; ++v) vmovups(acc(m, v), zword[reg_tmp + (m * nv_ + v) * 64]);
+      epilogue();
+    };
+    xor_(reg_row.cvt32(), reg_row.cvt32());
+    mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
+    Label end;
+    L(end);
+    ends();
+    add(reg_row, rows);
+    dec(reg_mb);
+    jnz(end, T_NEAR);
+    for_round_tail(ends);
+    rounds_ = false;
+  }
+
+  // One group's k steps (reg_gk of them, from reg_w; reg_gs at the group's scale entry).
+  void fp8_group_steps(bool prefetch_next) {
+    Label inner, tail, gdone;
+    // The pair order's decoding steps (decode tiles, a prefill call's first block) check the
+    // step's flag, the byte at the pairs left in the group (formats::kFp8FlagBytes), and take
+    // the shift decode, or the table decode out of line.
+    const bool flags = fp8w() && (!prefill_ || fuse_);
+    auto flag = [&](int u) { return byte[reg_gs + reg_gk + (formats::kFp8FlagOffset - 1 - u)]; };
+    // fp8 pair prefill reads the strip's k-pair copy in the scratch (scratch_pairs), with
+    // vdpbf16ps or (strip-scratch kernels) the bf16 FMA microkernel.
+    auto step = [&](int u) {
+      if (fuse_)
+        microkernel_fp8_fused(u, prefetch_next);
+      else if (sfma_)
+        microkernel_sfma(u, prefetch_next);
+      else if (scratch_pairs())
+        microkernel_pairs(u, prefetch_next);
+      else
+        microkernel(u, prefetch_next);
+    };
+    auto move_on = [&](int steps) {
+      if (fuse_) {
+        advance_pairs(steps, prefetch_next, fp8p_step_bytes());
+        if (fuse_store_) add(reg_sw, nv_ * 64 * steps);
+      } else if (sfma_)
+        advance_sfma(steps, prefetch_next);
+      else if (scratch_pairs())
+        advance_pairs(steps, prefetch_next);
+      else
+        advance(steps, prefetch_next);
+    };
+    L(inner);
+    cmp(reg_gk, kUnroll);
+    jl(tail, T_NEAR);
+    Label slow[kUnroll + 1], back[kUnroll + 1];
+    auto checked_step = [&](int u, int label) {
+      if (flags) {
+        cmp(flag(u), 0);
+        jne(slow[label], T_NEAR);
+        fp8_fast_ = true;
+      }
+      step(u);
+      fp8_fast_ = false;
+      if (flags) L(back[label]);
+    };
+    for (int u = 0; u < kUnroll; ++u) checked_step(u, u);
+    move_on(kUnroll);
+    sub(reg_gk, kUnroll);
+    jmp(inner, T_NEAR);
+    for (int u = 0; u <= kUnroll && flags; ++u) {  // flagged steps: the table decode
+      L(slow[u]);
+      step(u < kUnroll ? u : 0);
+      jmp(back[u], T_NEAR);
+    }
+    L(tail);
+    test(reg_gk, reg_gk);
+    jz(gdone, T_NEAR);
+    checked_step(0, kUnroll);
+    move_on(1);
+    dec(reg_gk);
+    jmp(tail, T_NEAR);
+    L(gdone);
+  }
+
   // fp8: K steps in groups that share one scale per strip half; within a group as k_loop.
   void k_loop_fp8(bool prefetch_next) {
-    Label group, inner, tail, gdone, done;
+    Label group, done;
     mov(reg_k, arg(offsetof(GemmArgs, k4)));
     if (fp8p_ || sfma_) shr(reg_k, 1);  // pair kernels count k pairs (K and g_steps even)
     mov(reg_gs, qword[rsp + 8]);
@@ -895,70 +1146,12 @@ class GemmGenerator : public JitGenerator {
     {
       fp8_group_scales();
       if (gacc_) zero_gacc();
-      // The pair order's decoding steps (decode tiles, a prefill call's first block) check the
-      // step's flag, the byte at the pairs left in the group (formats::kFp8FlagBytes), and take
-      // the shift decode, or the table decode out of line.
-      const bool flags = fp8w() && (!prefill_ || fuse_);
-      auto flag = [&](int u) { return byte[reg_gs + reg_gk + (formats::kFp8FlagOffset - 1 - u)]; };
       mov(reg_gk, arg(offsetof(GemmArgs, g_steps)));
       if (fp8p_ || sfma_) shr(reg_gk, 1);
       cmp(reg_gk, reg_k);
       cmovg(reg_gk, reg_k);  // the last group may be short
       sub(reg_k, reg_gk);
-      // fp8 pair prefill reads the strip's k-pair copy in the scratch (scratch_pairs), with
-      // vdpbf16ps or (strip-scratch kernels) the bf16 FMA microkernel.
-      auto step = [&](int u) {
-        if (fuse_)
-          microkernel_fp8_fused(u, prefetch_next);
-        else if (sfma_)
-          microkernel_sfma(u, prefetch_next);
-        else if (scratch_pairs())
-          microkernel_pairs(u, prefetch_next);
-        else
-          microkernel(u, prefetch_next);
-      };
-      auto move_on = [&](int steps) {
-        if (fuse_) {
-          advance_pairs(steps, prefetch_next, fp8p_step_bytes());
-          if (fuse_store_) add(reg_sw, nv_ * 64 * steps);
-        } else if (sfma_)
-          advance_sfma(steps, prefetch_next);
-        else if (scratch_pairs())
-          advance_pairs(steps, prefetch_next);
-        else
-          advance(steps, prefetch_next);
-      };
-      L(inner);
-      cmp(reg_gk, kUnroll);
-      jl(tail, T_NEAR);
-      Label slow[kUnroll + 1], back[kUnroll + 1];
-      auto checked_step = [&](int u, int label) {
-        if (flags) {
-          cmp(flag(u), 0);
-          jne(slow[label], T_NEAR);
-          fp8_fast_ = true;
-        }
-        step(u);
-        fp8_fast_ = false;
-        if (flags) L(back[label]);
-      };
-      for (int u = 0; u < kUnroll; ++u) checked_step(u, u);
-      move_on(kUnroll);
-      sub(reg_gk, kUnroll);
-      jmp(inner, T_NEAR);
-      for (int u = 0; u <= kUnroll && flags; ++u) {  // flagged steps: the table decode
-        L(slow[u]);
-        step(u < kUnroll ? u : 0);
-        jmp(back[u], T_NEAR);
-      }
-      L(tail);
-      test(reg_gk, reg_gk);
-      jz(gdone, T_NEAR);
-      checked_step(0, kUnroll);
-      move_on(1);
-      dec(reg_gk);
-      jmp(tail, T_NEAR);
-      L(gdone);
+      fp8_group_steps(prefetch_next);
       if (gacc_) {  // acc += g * scale (* 2^8 for the fp16 route): one rounding per group
         const int half_vecs = key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_;
         auto fold = [&](const Xmm& dst, const Xmm& g, int h) {
@@ -2004,7 +2197,7 @@ class GemmGenerator : public JitGenerator {
   // Tiles of up to 4 rows on zmm keep the two scales in zmm28/29 (free there; not in fused tiles,
   // whose decode takes them), others on the stack
   // (strip-scratch kernels too: the bf16 microkernel's odd-k mask is zmm29).
-  bool fp8_scale_regs() const { return zmm_isa() && mr_ <= 4 && !sfma_ && !fuse_; }
+  bool fp8_scale_regs() const { return zmm_isa() && mr_ <= 4 && !sfma_ && !fuse_ && !rounds_; }
   void fp8_mul_scale(const Xmm& w, int half) {
     if (fp8_scale_regs())
       vmulps(w, w, Zmm(28 + half));
@@ -2317,17 +2510,28 @@ class GemmGenerator : public JitGenerator {
   // 23-27 and 30) or, `fused` (a 6-row block's first pass over a full strip, whose group sums
   // take zmm0-23: microkernel_fp8_fused), half of each table and the sign mask in 24-26
   // (fp8_fused_constants), the other halves, the indices and row k + 1 as memory operands, and
-  // temporaries 27-31.
+  // temporaries 27-31; in the pair order (which has no row k + 1 or indices) the shift decode's
+  // constants in 27-28 and temporaries 29-31.
   template <class Use>
   void fp8_pair_decode(const RegExp& wm, Use use, bool fused = false, bool fast = false) {
+    fp8_pair_decode(
+        wm, use,
+        [&](int v, const Zmm& a, const Zmm& b) {
+          use(v, a);
+          use(v + 1, b);
+        },
+        fused, fast);
+  }
+  // The same with the shift decode's two vectors of a 64-byte block handed over together,
+  // `use_pair(v, a, b)` (vectors v and v + 1; the table decode calls `use` per vector).
+  template <class Use, class UsePair>
+  void fp8_pair_decode(const RegExp& wm, Use use, UsePair use_pair, bool fused, bool fast) {
     const int bytes = 2 * strip_cols();  // two strip rows: 32, 64, 96 or 128
     const Zmm sign(fused ? 26 : 22), row0(fused ? 27 : 23), p(fused ? 28 : 25), lo(fused ? 29 : 26),
         hi(fused ? 30 : 27), w(fused ? 31 : 30);
-    // the shift decode's constants: 0x87f0 and 0x3800 per word (fused: 0x87f0 in row0's register,
-    // which the pair order leaves free, and 0x3800 from memory)
-    const Zmm c87(fused ? 27 : 20), c38(21);
-    const Address c38m = ptr_b[rip + c_3800_];
-    const Operand& c38op = fused ? static_cast<const Operand&>(c38m) : c38;
+    // the shift decode's constants: 0x87f0 and 0x3800 per word (fused: in row0's and p's
+    // registers, which the pair order leaves free)
+    const Zmm c87(fused ? 27 : 20), c38(fused ? 28 : 21);
     auto lut = [&](const Zmm& x, int t) {  // the indices in x to byte t of the values' bf16
       if (fused)
         vpermi2b(x, Zmm(24 + t), zword[rip + (t && fp8w() ? c_fp8_hi8_ : c_fp8_lut_[t]) + 64]);
@@ -2349,11 +2553,10 @@ class GemmGenerator : public JitGenerator {
         if (fast) {
           vpsllw(lo, src, 8);
           vpsraw(lo, lo, 4);
-          vpternlogd(lo, c87, c38op, 0xea);  // (lo & 0x87f0) | 0x3800
-          use(2 * j, lo);
+          vpternlogd(lo, c87, c38, 0xea);  // (lo & 0x87f0) | 0x3800
           vpsraw(hi, src, 4);
-          vpternlogd(hi, c87, c38op, 0xea);
-          use(2 * j + 1, hi);
+          vpternlogd(hi, c87, c38, 0xea);
+          use_pair(2 * j, lo, hi);
           continue;
         }
         vmovdqu8(lo, src);
@@ -2433,9 +2636,9 @@ class GemmGenerator : public JitGenerator {
   // the later blocks and the tail, and feeds them to its own vdpbf16ps at once. A separate decode
   // pass before the blocks took about a fifth of the kernel's time at Qwen3-30B-A3B T = 256: 2
   // bytes of scratch written and read back through L2 per weight byte, with no compute to hide
-  // behind. The decode takes the fused registers of fp8_pair_decode (its temporaries 27-31 are
+  // behind. The decode takes the fused registers of fp8_pair_decode (its registers 27-31 are
   // free in the K loop; the group-end fold and scale load use 30 / 31, and the constants are loaded
-  // per tile). Same values in the same order as the repack: the same bits.
+  // per tile and per round). Same values in the same order as the repack: the same bits.
   bool fused_first() const { return (fp8p_ || mxp_) && prefill_ && sv_ == kStripVecs; }
   int fp8p_step_bytes() const { return 2 * strip_cols(); }
   const Reg64 reg_sw = r13;  // the fused block's scratch write pointer (fp8: reg_comp is unused)
@@ -2444,19 +2647,48 @@ class GemmGenerator : public JitGenerator {
   void fp8_fused_constants() {
     vmovdqu8(Zmm(24), zword[rip + c_fp8_lut_[0]]);
     vmovdqu8(Zmm(25), zword[rip + (fp8w() ? c_fp8_hi8_ : c_fp8_lut_[1])]);
-    if (fp8w()) vmovups(Zmm(27), zword[rip + c_87f0_]);  // the shift decode's mask
+    if (fp8w()) {  // the shift decode's mask and exponent bits
+      vmovups(Zmm(27), zword[rip + c_87f0_]);
+      vmovups(Zmm(28), zword[rip + c_3800_]);
+    }
     vpbroadcastd(Zmm(26), dword[rip + c_80_]);
   }
+  // In rounds (strip_rounds) the shift decode's two vectors take each row's pair through zmm31,
+  // one vpbroadcastd for both, rather than as a {1to16} operand of each vdpbf16ps: with the codes'
+  // loads that was 32 loads for 24 dots a k pair, and the rounds' first pass ran 1.03x faster
+  // this way (Qwen3-30B-A3B T = 256, a Zen 5). Block by block, where the first block's scratch
+  // writes went to L2, the register form was 1.03x slower; it keeps the embedded broadcasts.
   void microkernel_fp8_fused(int u, bool prefetch_next) {
     if (prefetch_next) {
       prefetcht1(ptr[reg_pf + u * 128]);
       prefetcht1(ptr[reg_pf + u * 128 + 64]);
     }
+    auto store = [&](int v, const Zmm& w) {
+      if (fuse_store_) vmovups(zword[reg_sw + (u * nv_ + v) * 64], w);
+    };
+    auto dots = [&](int v, const Zmm& w) {
+      for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
+    };
     fp8_pair_decode(
         reg_w + u * fp8p_step_bytes(),
         [&](int v, const Zmm& w) {
-          if (fuse_store_) vmovups(zword[reg_sw + (u * nv_ + v) * 64], w);
-          for (int m = 0; m < mr_; ++m) vdpbf16ps(gacc(m, v), w, ptr_b[a_row(m) + 4 * u]);
+          store(v, w);
+          dots(v, w);
+        },
+        [&](int v, const Zmm& a, const Zmm& b) {
+          store(v, a);
+          store(v + 1, b);
+          if (!rounds_) {
+            dots(v, a);
+            dots(v + 1, b);
+            return;
+          }
+          const Zmm bc(31);  // (the shift decode leaves it free)
+          for (int m = 0; m < mr_; ++m) {
+            vpbroadcastd(bc, ptr[a_row(m) + 4 * u]);
+            vdpbf16ps(gacc(m, v), a, bc);
+            vdpbf16ps(gacc(m, v + 1), b, bc);
+          }
         },
         /*fused=*/true, fp8_fast_);
   }

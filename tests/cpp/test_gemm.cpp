@@ -502,6 +502,9 @@ TEST(Gemm, Fp8StripScratchTilesMatchReferenceBitwise) {
 // above meets only tails of 4 and 5. Calls over full strips decode each strip in their first block
 // (the later blocks and the tail read the scratch it wrote), calls of no block (M 5) before the
 // tail: N 200 gives calls of three full strips, the next strip prefetched from each first block.
+// Calls of 1 .. 8 blocks over full strips run in rounds (a pass of every block and the tail per
+// 64-pair group, the first decoding the group for the others: jit/x64/gemm.cpp strip_rounds),
+// calls of more (M 55, 60) block by block: K 300 gives two full groups and a short one.
 TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "x86 kernels";
@@ -517,10 +520,11 @@ TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
   uint32_t seed = 9000;
   std::vector<std::string> names;
   for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
-    // tails 5 (alone), 0, 2, 3, 4, 1, 3
-    for (int64_t M : {5, 6, 8, 9, 10, 13, 15})
+    // tails 5 (alone), 0, 2, 3, 4, 1, 3; 3 blocks and 4, 4 and 5, 8 and 0, 8 and 5, 9 and 1, 10
+    for (int64_t M : {5, 6, 8, 9, 10, 13, 15, 22, 29, 48, 53, 55, 60})
       for (int64_t N : {16, 100, 200})
-        for (int64_t K : {64, 130}) {
+        for (int64_t K : {64, 130, 300}) {
+          if (K == 300 && N != 200 && M > 15) continue;
           Problem p{IsaLevel::avx512_bf16, WeightFormat::fp8, epi, M, N, K, seed++};
           ASSERT_TRUE(p.fp8_pairs()) << p.repro();
           check_problem(p, &names);
