@@ -960,11 +960,12 @@ class GemmGenerator : public JitGenerator {
     if (first) mov(qword[rsp + rounds_stack_ + kRoundCodes], reg_w);
     round_slots();
     const Xmm t = vreg(num_vregs() - 1);
+    for (int h = 0; h < 2; ++h) vmovups(Zmm(29 + h), zword[rsp + kFp8ScaleStack + h * 64]);
     for (int m = 0; m < mr_; ++m)
       for (int v = 0; v < nv_; ++v) {
         const Address slot = zword[reg_tmp + (m * nv_ + v) * 64];
         vmovups(t, slot);
-        vfmadd231ps(t, gacc(m, v), zword[rsp + kFp8ScaleStack + fp8_half(v) * 64]);
+        vfmadd231ps(t, gacc(m, v), Zmm(29 + fp8_half(v)));
         vmovups(slot, t);
       }
   }
