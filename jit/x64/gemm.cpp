@@ -925,8 +925,15 @@ class GemmGenerator : public JitGenerator {
   bool rounds_kernel() const {
     return fused_first() && fp8p_ && mr_ == 6 && tail_rows_kernel(key_);
   }
+  // The strip half (its group scale) of tile vector v: siluup strips hold gate, then up.
   int fp8_half(int v) const {
     return v < (key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_) ? 0 : 1;
+  }
+  // reg_mb: the call's rows, m_blocks * m_r + m_tail
+  void round_rows(int rows) {
+    mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
+    imul(reg_mb, reg_mb, rows);
+    add(reg_mb, arg(offsetof(GemmArgs, m_tail)));
   }
   // reg_tmp: the slots of row reg_row
   void round_slots() {
@@ -993,9 +1000,7 @@ class GemmGenerator : public JitGenerator {
       Label row;
       const Xmm z = vreg(num_vregs() - 1);
       vpxord(z, z, z);
-      mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
-      imul(reg_mb, reg_mb, rows);
-      add(reg_mb, arg(offsetof(GemmArgs, m_tail)));
+      round_rows(rows);
       mov(reg_tmp, qword[rsp + rounds_stack_ + kRoundSlots]);
       L(row);
       for (int v = 0; v < nv_; ++v) vmovups(zword[reg_tmp + v * 64], z);
@@ -1006,9 +1011,7 @@ class GemmGenerator : public JitGenerator {
     if (key_.epilogue == Epilogue::accum) {
       // the rows' output lines into L2 for the epilogues after the last group
       Label row;
-      mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
-      imul(reg_mb, reg_mb, rows);
-      add(reg_mb, arg(offsetof(GemmArgs, m_tail)));
+      round_rows(rows);
       xor_(reg_row.cvt32(), reg_row.cvt32());
       L(row);
       out_row_ptr(reg_tmp, 0);
@@ -1154,7 +1157,6 @@ class GemmGenerator : public JitGenerator {
       sub(reg_k, reg_gk);
       fp8_group_steps(prefetch_next);
       if (gacc_) {  // acc += g * scale (* 2^8 for the fp16 route): one rounding per group
-        const int half_vecs = key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_;
         auto fold = [&](const Xmm& dst, const Xmm& g, int h) {
           if (fp8_scale_regs())
             vfmadd231ps(dst, g, Zmm(28 + h));
@@ -1163,7 +1165,7 @@ class GemmGenerator : public JitGenerator {
         };
         for (int m = 0; m < mr_; ++m)
           for (int v = 0; v < nv_; ++v) {
-            const int h = v < half_vecs ? 0 : 1;
+            const int h = fp8_half(v);
             if (fp8_stack_acc()) {
               const Address slot = vmem(rsp + fp8_acc_slot(m, v));
               const Xmm t = vreg(num_vregs() - 1);
