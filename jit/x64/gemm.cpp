@@ -390,7 +390,7 @@ class GemmGenerator : public JitGenerator {
       if (qg_)
         qg_pf_var_setup();
       else
-        mov(qword[rsp + pf_slot_ + 16], kPrefetchBlocks);  // lines a site
+        pf_site_bytes_setup();
     }
     Label strip_loop, done;
     mov(reg_tmp, arg(offsetof(GemmArgs, n_strips)));
@@ -828,35 +828,44 @@ class GemmGenerator : public JitGenerator {
   int pf_lines_ = 1;
   // pf_var_ tiles (int8_tail_prefetch_kernel and qgroup_tail_rows_kernel calls of
   // fewer than kPrefetchBlocks blocks, half as many of half-strip tiles, and the vdpbf16ps pair
-  // kernels that take their tail rows, whose blocks 0-1 took half each; qgroup's shares are in
-  // bytes: qg_pf_var_setup): each prefetch site (every second K step) touches pf_var_lines() lines
-  // from reg_pf and moves reg_pf on by the tile's stride, L lines with L = floor(8 (row + rows) /
-  // M) - floor(8 row / M) for a tile of `rows` rows from `row` in a call of M rows: the tiles'
-  // shares of the strip's 8 lines a site in all, as their rows'. The executor's calls
-  // (prefill_split; BF16 pairs from 5 rows) give a block or a 5-row tile at most 8 (a 5-row BF16
-  // call is that tile alone) and a smaller tile at most 4, so the sites cover every line
-  // (Gemm.PrefillPrefetchCoversTheNextStrip). A block touches 8 whatever its L (16 rows: 3): this
-  // core drops a software prefetch it has no room for (a loop of prefetches alone retires at 100
-  // GB/s), and the lines touched again are asked for again; a Qwen3 INT8 layer at T = 256 ran 1.05x
-  // faster than with 4 (a Zen 5). The smaller tiles, whose K loops are short of load slots already,
-  // touch 4. qgroup tiles touch a K step pair's code lines (nibbles 4, bytes 8: 1.08x faster than 8
-  // for Q4_K at T = 256); the VNNI half-strip passes, each walking all of a strip's sites, count
-  // the sites of every pass (qg_pf_var_setup) and touch one step's (4).
+  // kernels that take their tail rows, whose blocks 0-1 took half each): each prefetch site (every
+  // second K step) touches pf_var_lines() lines from reg_pf and moves reg_pf on by the tile's
+  // stride, L bytes with L = floor(Q (row + rows) / M) - floor(Q row / M) for a tile of `rows`
+  // rows from `row` in a call of M rows: the tiles' shares of the Q bytes a site in all, as their
+  // rows'. int8 and BF16 pairs: Q = the strip's 512 bytes a site (pf_site_bytes_setup); qgroup:
+  // qg_pf_var_setup. In bytes, not whole lines, since 2026-11-28 (a thirty-second session): with
+  // L in lines (Q = 8) a tile's share was rounded: a 2-row tail of 14 rows asked for 2 lines a
+  // site in a third of a 6-row block's time and the block for 3 (14 rows 1.10x faster in bytes;
+  // Qwen3 layers at T = 256 1.04-1.06x for INT8, 1.05x for BF16, in-process A/Bs on a Zen 5).
+  // int8 and BF16 tiles touch 8 lines (at least 449 bytes past reg_pf, whatever its offset in a
+  // line), more than any tile's stride of the executor's calls (prefill_split; BF16 pairs from 5
+  // rows): a call of one tile moves by Q = 512 from a line start (its pointer stays on line
+  // starts), and the largest share of a call of several tiles is 6 of 8 rows' (385 bytes; 7 rows
+  // run as 4 + 3), so the sites cover the lines asked for (Gemm.PrefillPrefetchCoversTheNextStrip).
+  // A block touches 8 whatever its L (16 rows: 3 lines): this core drops a software prefetch it has
+  // no room for (a loop of prefetches alone retires at 100 GB/s), and the lines touched again are
+  // asked for again; a Qwen3 INT8 layer at T = 256 ran 1.05x faster than with 4 (a Zen 5). The
+  // tiles of fewer than 5 rows touched 4 until the shares were in bytes (8 measured the same at
+  // 8-14 rows). qgroup tiles touch a K step pair's code lines (nibbles 4, bytes 8: 1.08x faster
+  // than 8 for Q4_K at T = 256); the VNNI half-strip passes, each walking all of a strip's sites,
+  // count the sites of every pass (qg_pf_var_setup) and touch one step's (4).
   bool pf_var_ = false;
   bool pf_var_kernel() const {
     return int8_tail_prefetch_kernel(key_) || (pairs_ && tail_rows_kernel(key_)) ||
            (qg_ && qgroup_tail_rows_kernel(key_));
   }
   static constexpr int kAllBlocks = 1 << 20;  // block_loop: every block prefetches
-  int pf_var_lines() const { return qg_ ? (half_ ? 1 : 2) * step_bytes() / 64 : mr_ >= 5 ? 8 : 4; }
+  int pf_var_lines() const { return qg_ ? (half_ ? 1 : 2) * step_bytes() / 64 : 8; }
   // [rsp + pf_slot_]: the call's rows M, [rsp + pf_slot_ + 8]: the tile's stride, [+ 16]: the
-  // strip's units a site, 8 lines, or qgroup's bytes (qg_pf_var_setup; 0 where that is more than
-  // a site touches: the old rule)
+  // bytes a site, Q (pf_site_bytes_setup, qg_pf_var_setup; qgroup: 0 where that is more than a
+  // site touches: the old rule)
   int pf_slot_ = 0;
   void pf_var_site() {
     for (int i = 0; i < pf_var_lines(); ++i) prefetcht1(ptr[reg_pf + i * 64]);
     add(reg_pf, qword[rsp + pf_slot_ + 8]);
   }
+  // int8 and BF16 pairs: Q = the strip's 512 bytes a site.
+  void pf_site_bytes_setup() { mov(qword[rsp + pf_slot_ + 16], 512); }
   // qgroup: a strip's sites are its groups' K step pairs and group ends; with Sb bytes a strip and
   // n sites, C = ceil(Sb / n) bytes a site, and a tile's stride is in bytes,
   // floor(C (row + rows) / M) - floor(C row / M), the tiles' strides at a site adding up to C. A
@@ -885,8 +894,8 @@ class GemmGenerator : public JitGenerator {
     L(fits);
     mov(qword[rsp + pf_slot_ + 16], reg_tmp);
   }
-  // The tile's stride, floor(Q (row + rows) / M) - floor(Q row / M) units of 64 bytes (int8, BF16
-  // pairs: Q = 8 lines a site) or of bytes (qgroup: Q = C, qg_pf_var_setup).
+  // The tile's stride in bytes, floor(Q (row + rows) / M) - floor(Q row / M) (int8, BF16 pairs:
+  // pf_site_bytes_setup; qgroup: Q = C, qg_pf_var_setup).
   void pf_var_stride() {
     lea(reg_tmp, ptr[reg_row + mr_]);
     imul(reg_tmp, qword[rsp + pf_slot_ + 16]);
@@ -899,7 +908,6 @@ class GemmGenerator : public JitGenerator {
     div(qword[rsp + pf_slot_]);
     mov(reg_tmp2, qword[rsp + pf_slot_ + 8]);
     sub(reg_tmp2, reg_tmp);
-    if (!qg_) shl(reg_tmp2, 6);
     mov(qword[rsp + pf_slot_ + 8], reg_tmp2);
   }
   // fp8 pair prefill in rounds (rounds_kernel): a call of 1 .. kRoundBlocks blocks runs each
