@@ -335,6 +335,34 @@ inline bool int8_tail_prefetch_kernel(const KernelKey& key) {
   return key.format == WeightFormat::int8 && key.kind == KernelKind::gemm_prefill &&
          (key.isa == IsaLevel::avx512_vnni || key.isa == IsaLevel::avx512_bf16);
 }
+// The int8 and vdpbf16ps pair kernels whose tiles prefetch their rows' shares of the next strip
+// (jit/x64/gemm.cpp pf_var_) ask, in a call of M rows, for the first min(M, S) / S of it, S being
+// the rows at which a strip's compute takes about as long as DRAM takes to stream it (this
+// function; 0: the whole strip at any M). Below S a call is DRAM-bound and its tiles, computing
+// faster than DRAM streams, asked for the strip faster than this core can have lines in flight:
+// the prefetches it had no room for were dropped and the lines waited on as demand misses. Asked
+// for at DRAM's pace, the rest is left to the hardware prefetcher, which follows the tiles' reads.
+// On a Zen 5 (family 26; vpdpbusd peak 1.05-1.1 Top/s and vdpbf16ps 0.52-0.56 TFLOP/s against
+// 34-45 GB/s read by one core: int8 at 2 M and bf16 at M operations a weight byte, so S ~ 13-14
+// for both) a 10-row int8 call over Qwen3's gate/up (ktjit_kernel_bench, weights from DRAM) ran
+// 1.13-1.15x faster with S = 13, 8 rows 1.13-1.17x, 12 rows 0.98x, 14 and 16 the same; Qwen3
+// layers at T = 160 (10 rows an expert) 1.06-1.07x (INT8) and 1.03-1.06x (BF16), at T = 256 the
+// same (in-process A/Bs, 2026-11-28). Other CPUs keep the whole strip (not measured there).
+constexpr int kPrefillStreamRowsZen5 = 13;
+inline int prefill_stream_rows() {
+  static const int rows = [] {
+    const CpuFeatures& f = cpu_features();
+    const bool amd = f.vendor == "AuthenticAMD" || f.vendor == "HygonGenuine";
+    return amd && f.family >= 0x1a ? kPrefillStreamRowsZen5 : 0;
+  }();
+  return rows;
+}
+// The bytes of the next strip a call of `rows` rows asks for at each prefetch site of a tile
+// (every second K step): 512 (the strip's 8 lines a site), or less below prefill_stream_rows.
+inline int64_t prefill_site_bytes(int64_t rows) {
+  const int64_t s = prefill_stream_rows();
+  return s > 0 && rows < s ? 512 * rows / s : 512;
+}
 // qgroup at the AVX-512 levels likewise: its rows after the blocks ran as decode tiles, a
 // separate call per L2 chunk that read each strip again from L3 (7.5 % of a Qwen3 Q4_K
 // T = 256 layer's samples).

@@ -832,15 +832,17 @@ class GemmGenerator : public JitGenerator {
   // second K step) touches pf_var_lines() lines from reg_pf and moves reg_pf on by the tile's
   // stride, L bytes with L = floor(Q (row + rows) / M) - floor(Q row / M) for a tile of `rows`
   // rows from `row` in a call of M rows: the tiles' shares of the Q bytes a site in all, as their
-  // rows'. int8 and BF16 pairs: Q = the strip's 512 bytes a site (pf_site_bytes_setup); qgroup:
+  // rows'. int8 and BF16 pairs: Q = prefill_site_bytes(M), the strip's 512 bytes a site or, in a
+  // DRAM-bound call of fewer than prefill_stream_rows() rows, less (pf_site_bytes_setup); qgroup:
   // qg_pf_var_setup. In bytes, not whole lines, since 2026-11-28 (a thirty-second session): with
   // L in lines (Q = 8) a tile's share was rounded: a 2-row tail of 14 rows asked for 2 lines a
   // site in a third of a 6-row block's time and the block for 3 (14 rows 1.10x faster in bytes;
   // Qwen3 layers at T = 256 1.04-1.06x for INT8, 1.05x for BF16, in-process A/Bs on a Zen 5).
   // int8 and BF16 tiles touch 8 lines (at least 449 bytes past reg_pf, whatever its offset in a
   // line), more than any tile's stride of the executor's calls (prefill_split; BF16 pairs from 5
-  // rows): a call of one tile moves by Q = 512 from a line start (its pointer stays on line
-  // starts), and the largest share of a call of several tiles is 6 of 8 rows' (385 bytes; 7 rows
+  // rows): a call of one tile moves by Q, 512 from a line start (its pointer stays on line
+  // starts) or, below prefill_stream_rows(), at most 512 * 6 / 13 (236 bytes: a tile is at most 6
+  // rows), and the largest share of a call of several tiles is 6 of 8 rows' (385 bytes; 7 rows
   // run as 4 + 3), so the sites cover the lines asked for (Gemm.PrefillPrefetchCoversTheNextStrip).
   // A block touches 8 whatever its L (16 rows: 3 lines): this core drops a software prefetch it has
   // no room for (a loop of prefetches alone retires at 100 GB/s), and the lines touched again are
@@ -864,8 +866,24 @@ class GemmGenerator : public JitGenerator {
     for (int i = 0; i < pf_var_lines(); ++i) prefetcht1(ptr[reg_pf + i * 64]);
     add(reg_pf, qword[rsp + pf_slot_ + 8]);
   }
-  // int8 and BF16 pairs: Q = the strip's 512 bytes a site.
-  void pf_site_bytes_setup() { mov(qword[rsp + pf_slot_ + 16], 512); }
+  // int8 and BF16 pairs: Q = prefill_site_bytes(M) with M in reg_tmp (and at [rsp + pf_slot_]).
+  void pf_site_bytes_setup() {
+    const int s = prefill_stream_rows();
+    Label whole, set;
+    if (s > 0) {
+      cmp(reg_tmp, s);
+      jge(whole, T_NEAR);
+      imul(reg_tmp, reg_tmp, 512);
+      mov(qword[rsp + pf_slot_ + 8], s);  // (the stride's slot: each tile sets it)
+      xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
+      div(qword[rsp + pf_slot_ + 8]);
+      jmp(set, T_NEAR);
+    }
+    L(whole);
+    mov(reg_tmp, 512);
+    L(set);
+    mov(qword[rsp + pf_slot_ + 16], reg_tmp);
+  }
   // qgroup: a strip's sites are its groups' K step pairs and group ends; with Sb bytes a strip and
   // n sites, C = ceil(Sb / n) bytes a site, and a tile's stride is in bytes,
   // floor(C (row + rows) / M) - floor(C row / M), the tiles' strides at a site adding up to C. A

@@ -181,13 +181,14 @@ class InterpretedExecutor {  // AArch64: no x86 level to interpret
 // The prefill prefetch tests (Gemm. and QGroup.PrefillPrefetchCoversTheNextStrip): `key`'s kernel
 // run on `args`, a call over strips 0-1 of the weights at args.w (`w_bytes` of them, with room
 // past the strips), in the interpreter, which logs each prefetch; `missed`: lines of strips 1-2
-// never asked for, `outside`: lines of the weights asked for outside strips 1-2 and the last
-// sites' `reach` lines past them.
+// never asked for (of each strip its first `prefix_bytes`, if given: a DRAM-bound call asks for
+// that much, jit/gemm.hpp prefill_site_bytes), `outside`: lines of the weights asked for outside
+// strips 1-2 and the last sites' `reach` lines past them.
 struct PrefetchCover {
   int64_t missed = 0, outside = 0;
 };
 inline PrefetchCover prefetch_cover(const KernelKey& key, const GemmArgs& args, int64_t strip_bytes,
-                                    size_t w_bytes, uint64_t reach) {
+                                    size_t w_bytes, uint64_t reach, int64_t prefix_bytes = -1) {
   std::vector<uint64_t> lines;
   EmuOptions opt;
   opt.on_prefetch = [&](uint64_t addr) { lines.push_back(addr / 64); };
@@ -205,7 +206,11 @@ inline PrefetchCover prefetch_cover(const KernelKey& key, const GemmArgs& args, 
     else if (line >= w0 && line < w_end && (line < first || line >= end + reach))
       ++c.outside;
   }
-  c.missed = std::count(seen.begin(), seen.end(), false);
+  const uint64_t per_strip = uint64_t(strip_bytes / 64);
+  const uint64_t wanted =
+      prefix_bytes < 0 ? per_strip : std::min(per_strip, uint64_t((prefix_bytes + 63) / 64));
+  for (size_t i = 0; i < seen.size(); ++i)
+    if (!seen[i] && i % per_strip < wanted) ++c.missed;
   return c;
 }
 #endif
