@@ -339,9 +339,10 @@ inline bool int8_tail_prefetch_kernel(const KernelKey& key) {
 // (jit/x64/gemm.cpp pf_var_) ask, in a call of M rows, for the first min(M, S) / S of it, S being
 // the rows at which a strip's compute takes about as long as DRAM takes to stream it (this
 // function; 0: the whole strip at any M). Below S a call is DRAM-bound and its tiles, computing
-// faster than DRAM streams, asked for the strip faster than this core can have lines in flight:
-// the prefetches it had no room for were dropped and the lines waited on as demand misses. Asked
-// for at DRAM's pace, the rest is left to the hardware prefetcher, which follows the tiles' reads.
+// faster than DRAM streams, asked for the strip faster than DRAM gave it, and such calls streamed
+// 24-28 GB/s where 12 rows and the decode tiles streamed 31-33 (likely: prefetches this core had
+// no room for were dropped and waited on as demand misses; this VM has no counters to show it).
+// Asked for at DRAM's pace, the rest is left to the hardware prefetcher, which follows the reads.
 // On a Zen 5 (family 26; vpdpbusd peak 1.05-1.1 Top/s and vdpbf16ps 0.52-0.56 TFLOP/s against
 // 34-45 GB/s read by one core: int8 at 2 M and bf16 at M operations a weight byte, so S ~ 13-14
 // for both) a 10-row int8 call over Qwen3's gate/up (ktjit_kernel_bench, weights from DRAM) ran

@@ -648,11 +648,10 @@ TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
 // the call's last strip) must all be among them, and no prefetch of the weights outside them (but
 // for the last sites' reach, 8 lines; the next strip's scales are prefetched from their arrays). A
 // speed property checked as a fact: a line left out is a demand miss to DRAM, a line asked for from
-// too far away a line fetched for nothing. A call of fewer rows than prefill_stream_rows() (on a
-// Zen 5 13; elsewhere 0, the whole strip at any row count) asks for the first rows / 13 of each
-// strip, 512 * rows / 13 bytes of every 512 (prefill_site_bytes), and leaves the rest to the
-// hardware prefetcher: those prefixes must be covered. That the short calls ask for less is checked
-// on its own where the rule applies.
+// too far away a line fetched for nothing. A call of fewer rows than S = prefill_stream_rows()
+// (13 on a Zen 5; elsewhere 0, the whole strip at any row count) asks for the first rows / S of
+// each strip, 512 * rows / S bytes of every 512 (prefill_site_bytes), and leaves the rest to the
+// hardware prefetcher: those prefixes must be covered, and the rest left alone.
 TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
   const int64_t N = 3 * 64, K = 256;  // three full 64-column strips
   for (const bool bf16 : {false, true})
