@@ -383,9 +383,7 @@ class GemmGenerator : public JitGenerator {
       mov(qword[rsp + rounds_stack_ + kRoundSlots], reg_tmp);
     }
     if (pf_var_kernel()) {  // the call's rows, for pf_var_stride
-      mov(reg_tmp, arg(offsetof(GemmArgs, m_blocks)));
-      imul(reg_tmp, reg_tmp, mr_);
-      add(reg_tmp, arg(offsetof(GemmArgs, m_tail)));
+      call_rows(reg_tmp);
       mov(qword[rsp + pf_slot_], reg_tmp);
       if (qg_)
         qg_pf_var_setup();
@@ -719,9 +717,7 @@ class GemmGenerator : public JitGenerator {
   // epilogue set them); [rsp] holds the strips left.
   void prefetch_next_tile_outputs() {
     Label wrap, done;
-    mov(reg_tmp2, arg(offsetof(GemmArgs, m_blocks)));  // the call's rows
-    imul(reg_tmp2, reg_tmp2, key_.m_r);
-    if (tail_rows_kernel(key_)) add(reg_tmp2, arg(offsetof(GemmArgs, m_tail)));
+    call_rows(reg_tmp2);
     const int rows = key_.m_r;  // the next tile's, at most
     auto fetch = [&](int col_off) {
       shl(reg_tmp, 3);  // row index -> its pointer (out_row_ptr)
@@ -955,11 +951,11 @@ class GemmGenerator : public JitGenerator {
   int fp8_half(int v) const {
     return v < (key_.epilogue == Epilogue::siluup ? nv_ / 2 : nv_) ? 0 : 1;
   }
-  // reg_mb: the call's rows, m_blocks * m_r + m_tail
-  void round_rows(int rows) {
-    mov(reg_mb, arg(offsetof(GemmArgs, m_blocks)));
-    imul(reg_mb, reg_mb, rows);
-    add(reg_mb, arg(offsetof(GemmArgs, m_tail)));
+  // dst: the call's rows, m_blocks * m_r (the key's) + m_tail (tail_rows_kernel)
+  void call_rows(const Reg64& dst) {
+    mov(dst, arg(offsetof(GemmArgs, m_blocks)));
+    imul(dst, dst, key_.m_r);
+    if (tail_rows_kernel(key_)) add(dst, arg(offsetof(GemmArgs, m_tail)));
   }
   // reg_tmp: the slots of row reg_row
   void round_slots() {
@@ -1026,7 +1022,7 @@ class GemmGenerator : public JitGenerator {
       Label row;
       const Xmm z = vreg(num_vregs() - 1);
       vpxord(z, z, z);
-      round_rows(rows);
+      call_rows(reg_mb);
       mov(reg_tmp, qword[rsp + rounds_stack_ + kRoundSlots]);
       L(row);
       for (int v = 0; v < nv_; ++v) vmovups(zword[reg_tmp + v * 64], z);
@@ -1037,7 +1033,7 @@ class GemmGenerator : public JitGenerator {
     if (key_.epilogue == Epilogue::accum) {
       // the rows' output lines into L2 for the epilogues after the last group
       Label row;
-      round_rows(rows);
+      call_rows(reg_mb);
       xor_(reg_row.cvt32(), reg_row.cvt32());
       L(row);
       out_row_ptr(reg_tmp, 0);
