@@ -358,11 +358,24 @@ inline int prefill_stream_rows() {
   }();
   return rows;
 }
+// What a call of S rows or more asks for at a site where S is set (a Zen 5): the strip's 512 bytes
+// and 4 more, so that the tiles' strides are never whole lines. With 512, a call of 24 rows (four
+// 6-row blocks, 128 bytes a site each: two lines) and one of 32 (96 bytes) streamed slower than
+// their neighbours, 16 to 23 rows and 25 to 47 did not: Qwen3's down (N 2048, K 768, weights from
+// DRAM, ktjit_kernel_bench) at 24 rows 81-84 % of the vpdpbusd peak against 88-91 % at 18-23 and
+// 25-30. At 516 24 rows ran 1.10x faster (91 %), 32 rows 1.05x, gate/up (K 2048) at 24 rows
+// 1.02x, the rest within the noise; a Qwen3 INT8 layer at T = 384 with every expert at 24 rows
+// 1.07x. 504 helped 24 rows as much, so it is the whole-line stride, not the rate; why, this VM
+// cannot show (no counters). The pointer runs 4 / 512 ahead: a call's last site asks for 0.8 %
+// of a strip past the strip it covers. Other CPUs keep 512 (not measured there).
+constexpr int kPrefillWholeSiteBytesZen5 = 516;
 // The bytes of the next strip a call of `rows` rows asks for at each prefetch site of a tile
-// (every second K step): 512 (the strip's 8 lines a site), or less below prefill_stream_rows.
+// (every second K step): 512 (the strip's 8 lines a site; kPrefillWholeSiteBytesZen5 on a Zen 5),
+// or less below prefill_stream_rows.
 inline int64_t prefill_site_bytes(int64_t rows) {
   const int64_t s = prefill_stream_rows();
-  return s > 0 && rows < s ? 512 * rows / s : 512;
+  if (s == 0) return 512;
+  return rows < s ? 512 * rows / s : kPrefillWholeSiteBytesZen5;
 }
 // qgroup at the AVX-512 levels likewise: its rows after the blocks ran as decode tiles, a
 // separate call per L2 chunk that read each strip again from L3 (7.5 % of a Qwen3 Q4_K

@@ -839,7 +839,8 @@ class GemmGenerator : public JitGenerator {
   // rows): a call of one tile moves by Q, 512 from a line start (its pointer stays on line
   // starts) or, below prefill_stream_rows(), at most 512 * 6 / 13 (236 bytes: a tile is at most 6
   // rows), and the largest share of a call of several tiles is 6 of 8 rows' (385 bytes; 7 rows
-  // run as 4 + 3), so the sites cover the lines asked for (Gemm.PrefillPrefetchCoversTheNextStrip).
+  // run as 4 + 3; where S is set, 6 of 13 rows' of Q = 516, 238 bytes), so the sites cover the
+  // lines asked for (Gemm.PrefillPrefetchCoversTheNextStrip).
   // A block touches 8 whatever its L (16 rows: 3 lines): this core drops a software prefetch it has
   // no room for (a loop of prefetches alone retires at 100 GB/s), and the lines touched again are
   // asked for again; a Qwen3 INT8 layer at T = 256 ran 1.05x faster than with 4 (a Zen 5). The
@@ -876,7 +877,7 @@ class GemmGenerator : public JitGenerator {
       jmp(set, T_NEAR);
     }
     L(whole);
-    mov(reg_tmp, 512);
+    mov(reg_tmp, prefill_site_bytes(s));  // (512, or on a Zen 5 516: kPrefillWholeSiteBytesZen5)
     L(set);
     mov(qword[rsp + pf_slot_ + 16], reg_tmp);
   }

@@ -646,7 +646,8 @@ TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
 // row counts the executor gives them (prefill_split), blocks or none: a call over strips 0-1 runs
 // in the interpreter, which logs each prefetch, and the lines of strips 1 and 2 (the bytes after
 // the call's last strip) must all be among them, and no prefetch of the weights outside them (but
-// for the last sites' reach, 8 lines; the next strip's scales are prefetched from their arrays). A
+// for the last sites' reach, 8 lines, and on a Zen 5 the 4 / 512 of them its pointer runs ahead:
+// kPrefillWholeSiteBytesZen5; the next strip's scales are prefetched from their arrays). A
 // speed property checked as a fact: a line left out is a demand miss to DRAM, a line asked for from
 // too far away a line fetched for nothing. A call of fewer rows than S = prefill_stream_rows()
 // (13 on a Zen 5; elsewhere 0, the whole strip at any row count) asks for the first rows / S of
@@ -655,7 +656,7 @@ TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
 TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
   const int64_t N = 3 * 64, K = 256;  // three full 64-column strips
   for (const bool bf16 : {false, true})
-    for (const int rows : {5, 6, 7, 8, 9, 11, 12, 13, 14, 16, 19, 20, 25, 47, 48, 61}) {
+    for (const int rows : {5, 6, 7, 8, 9, 11, 12, 13, 14, 16, 19, 20, 24, 25, 32, 47, 48, 61}) {
       KernelKey key = key_for(IsaLevel::avx512_bf16, KernelKind::gemm_prefill, 6, kStripVecs,
                               Epilogue::store, bf16 ? WeightFormat::bf16 : WeightFormat::int8);
       if (bf16) key.variant = kBf16Pairs;
@@ -684,9 +685,14 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
       args.out_rows = out_rows.data();
       args.m_blocks = sp.blocks;
       args.m_tail = sp.tail;
-      // weight lines (not the scales' own arrays) out of strips 1-2 and the last sites' 8 lines
-      const int64_t prefix = strip * prefill_site_bytes(rows) / 512;
-      const auto [missed, outside] = test::prefetch_cover(key, args, strip, w.size(), 8, prefix);
+      // weight lines (not the scales' own arrays) out of strips 1-2 and the last sites' 8 lines,
+      // and, where a site asks for more than 512 bytes (kPrefillWholeSiteBytesZen5), the lines
+      // its pointer runs ahead over the two strips
+      const int64_t site = prefill_site_bytes(rows), prefix = strip * site / 512;
+      const uint64_t ahead =
+          uint64_t(std::max<int64_t>(0, 2 * strip * (site - 512) / 512) + 63) / 64;
+      const auto [missed, outside] =
+          test::prefetch_cover(key, args, strip, w.size(), 8 + ahead, prefix);
       EXPECT_EQ(missed, 0) << key.name() << " " << rows << " rows (" << sp.blocks
                            << " blocks, tail " << sp.tail << "): lines of the next strips' first "
                            << prefix << " bytes never prefetched";
