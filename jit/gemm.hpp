@@ -361,10 +361,10 @@ inline int prefill_stream_rows() {
 // What a call of S rows or more asks for at a site where S is set (a Zen 5): the strip's 512 bytes
 // and 4 more, so that the tiles' strides are never whole lines. With 512, a call of 24 rows (four
 // 6-row blocks, 128 bytes a site each: two lines) and one of 32 (96 bytes) streamed slower than
-// their neighbours, 16 to 23 rows and 25 to 47 did not: Qwen3's down (N 2048, K 768, weights from
-// DRAM, ktjit_kernel_bench) at 24 rows 81-84 % of the vpdpbusd peak against 88-91 % at 18-23 and
-// 25-30. At 516 24 rows ran 1.10x faster (91 %), 32 rows 1.05x, gate/up (K 2048) at 24 rows
-// 1.02x, the rest within the noise; a Qwen3 INT8 layer at T = 384 with every expert at 24 rows
+// their neighbours, the other row counts from 16 to 47 did not: Qwen3's down (N 2048, K 768,
+// weights from DRAM, ktjit_kernel_bench) at 24 rows 81-84 % of the vpdpbusd peak against 87-91 % at
+// 18-23 and 25-30. At 516 24 rows ran 1.10x faster (91 %), 32 rows 1.05x, gate/up (K 2048) at 24
+// rows 1.02x, the rest within the noise; a Qwen3 INT8 layer at T = 384 with every expert at 24 rows
 // 1.07x. 504 helped 24 rows as much, so it is the whole-line stride, not the rate; why, this VM
 // cannot show (no counters). The pointer runs 4 / 512 ahead: a call's last site asks for 0.8 %
 // of a strip past the strip it covers. Other CPUs keep 512 (not measured there).
