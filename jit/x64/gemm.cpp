@@ -480,7 +480,20 @@ class GemmGenerator : public JitGenerator {
               je(old, T_NEAR);
             }
             pf_var_ = true;
-            block_loop(kAllBlocks);  // (fewer than pf_blocks here: each prefetches)
+            if (ahead_kernel()) {  // a DRAM-bound call: its tiles also read ahead (ahead_)
+              Label whole, blocks_end;
+              cmp(qword[rsp + pf_slot_], prefill_stream_rows());
+              jge(whole, T_NEAR);
+              ahead_ = true;
+              block_loop(kAllBlocks);
+              ahead_ = false;
+              jmp(blocks_end, T_NEAR);
+              L(whole);
+              block_loop(kAllBlocks);
+              L(blocks_end);
+            } else {
+              block_loop(kAllBlocks);  // (fewer than pf_blocks here: each prefetches)
+            }
             pf_var_ = false;
             if (qg_) {
               jmp(after, T_NEAR);
@@ -518,6 +531,16 @@ class GemmGenerator : public JitGenerator {
               je(no_pf, T_NEAR);
             }
             pf_var_ = true;
+            if (ahead_kernel()) {
+              Label whole;
+              cmp(qword[rsp + pf_slot_], prefill_stream_rows());
+              jge(whole, T_NEAR);
+              ahead_ = true;
+              tail_rows(true);
+              ahead_ = false;
+              jmp(tail_done, T_NEAR);
+              L(whole);
+            }
             tail_rows(true);
             pf_var_ = false;
             jmp(tail_done, T_NEAR);
@@ -2144,6 +2167,10 @@ class GemmGenerator : public JitGenerator {
       return;
     }
     const bool preload = vnni_ && (mr_ > 1 || int4_);
+    if (ahead_)
+      for (int v = 0; v < nv_; ++v)
+        prefetcht0(
+            ptr[reg_w + u * strip_k4_bytes() + sv(v) * vec_bytes() + prefill_read_ahead_bytes()]);
     if (preload)
       for (int v = 0; v < nv_; ++v) load_weights(wreg(v), v, u);
     for (int m = 0; m < mr_; ++m) {
@@ -2670,6 +2697,12 @@ class GemmGenerator : public JitGenerator {
   const Reg64 reg_sw = r13;  // the fused block's scratch write pointer (fp8: reg_comp is unused)
   bool fuse_ = false;
   bool fuse_store_ = true;  // (a tail tile alone decodes for itself only: tail_rows)
+  // The tiles of a DRAM-bound int8 call (fewer than prefill_stream_rows() rows): their K steps
+  // also prefetch the strip they read prefill_read_ahead_bytes() further on (jit/gemm.hpp).
+  bool ahead_ = false;
+  bool ahead_kernel() const {
+    return int8_tail_prefetch_kernel(key_) && prefill_read_ahead_bytes() > 0;
+  }
   void fp8_fused_constants() {
     vmovdqu8(Zmm(24), zword[rip + c_fp8_lut_[0]]);
     vmovdqu8(Zmm(25), zword[rip + (fp8w() ? c_fp8_hi8_ : c_fp8_lut_[1])]);

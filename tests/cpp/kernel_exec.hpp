@@ -187,14 +187,19 @@ class InterpretedExecutor {  // AArch64: no x86 level to interpret
 struct PrefetchCover {
   int64_t missed = 0, outside = 0;
 };
-inline PrefetchCover prefetch_cover(const KernelKey& key, const GemmArgs& args, int64_t strip_bytes,
-                                    size_t w_bytes, uint64_t reach, int64_t prefix_bytes = -1) {
+// The lines (address / 64) `key`'s kernel prefetches, in order, run on `args` in the interpreter.
+inline std::vector<uint64_t> prefetch_lines(const KernelKey& key, const GemmArgs& args) {
   std::vector<uint64_t> lines;
   EmuOptions opt;
   opt.on_prefetch = [&](uint64_t addr) { lines.push_back(addr / 64); };
   const Kernel* k = KernelCache::instance().get(key);
   if (!k) throw std::runtime_error("no kernel for " + key.name());
   emulate_x64(k->code.data(), k->code.size(), &args, opt);
+  return lines;
+}
+inline PrefetchCover prefetch_cover(const KernelKey& key, const GemmArgs& args, int64_t strip_bytes,
+                                    size_t w_bytes, uint64_t reach, int64_t prefix_bytes = -1) {
+  const std::vector<uint64_t> lines = prefetch_lines(key, args);
   const uint64_t w0 = reinterpret_cast<uint64_t>(args.w) / 64, w_end = w0 + w_bytes / 64;
   const uint64_t first = w0 + uint64_t(strip_bytes / 64),
                  end = first + uint64_t(2 * strip_bytes / 64);

@@ -652,7 +652,10 @@ TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
 // too far away a line fetched for nothing. A call of fewer rows than S = prefill_stream_rows()
 // (13 on a Zen 5; elsewhere 0, the whole strip at any row count) asks for the first rows / S of
 // each strip, 512 * rows / S bytes of every 512 (prefill_site_bytes), and leaves the rest to the
-// hardware prefetcher: those prefixes must be covered, and the rest left alone.
+// hardware prefetcher: those prefixes must be covered, and the rest left alone. Where such int8
+// calls also read ahead (prefill_read_ahead_bytes, a Zen 5), the lines asked for must be exactly
+// the prefixes and the read-ahead's: each strip from that many bytes on, and past the last strip
+// that many bytes.
 TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
   const int64_t N = 3 * 64, K = 256;  // three full 64-column strips
   for (const bool bf16 : {false, true})
@@ -689,6 +692,26 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
       // and, where a site asks for more than 512 bytes (kPrefillWholeSiteBytesZen5), the lines
       // its pointer runs ahead over the two strips
       const int64_t site = prefill_site_bytes(rows), prefix = strip * site / 512;
+      const int64_t read_ahead = bf16 ? 0 : prefill_read_ahead_bytes();
+      if (read_ahead > 0 && rows < prefill_stream_rows()) {
+        // A DRAM-bound int8 call reads ahead too: each tile prefetches the strip it reads
+        // read_ahead bytes on. So the lines asked for are exactly: strip 0 from read_ahead on,
+        // all of strip 1 (its prefix by strip 0's shares, the rest by its own tiles), and of
+        // strip 2 the first max(prefix, read_ahead) bytes, with the shares' last sites' reach.
+        ASSERT_LT(read_ahead, strip * 2);
+        std::set<int64_t> got;
+        const int64_t w0 = int64_t(reinterpret_cast<uint64_t>(args.w) / 64);
+        for (const uint64_t line : test::prefetch_lines(key, args)) got.insert(int64_t(line) - w0);
+        const int64_t L = strip / 64, ra = read_ahead / 64, pre = (prefix + 63) / 64;
+        int64_t missed = 0, stray = 0;
+        for (int64_t i = ra; i < L + L + std::max(pre, ra); ++i) missed += !got.count(i);
+        const int64_t w_lines = int64_t(w.size() / 64);  // (the scales' arrays are elsewhere)
+        for (const int64_t i : got)
+          stray += i >= 0 && i < w_lines && (i < ra || i >= 2 * L + std::max(pre + 8, ra));
+        EXPECT_EQ(missed, 0) << key.name() << " " << rows << " rows: lines not read ahead";
+        EXPECT_EQ(stray, 0) << key.name() << " " << rows << " rows: lines asked for elsewhere";
+        continue;
+      }
       const uint64_t ahead =
           uint64_t(std::max<int64_t>(0, 2 * strip * (site - 512) / 512) + 63) / 64;
       const auto [missed, outside] =
