@@ -377,15 +377,17 @@ inline int64_t prefill_site_bytes(int64_t rows) {
   if (s == 0) return 512;
   return rows < s ? 512 * rows / s : kPrefillWholeSiteBytesZen5;
 }
-// A DRAM-bound int8 call (fewer than prefill_stream_rows() rows; int8_tail_prefetch_kernel) also
-// reads ahead: each tile's K steps prefetch (prefetcht0) the strip it reads this many bytes further
-// on, besides its share of the next strip. The share covers the first rows / S of the next strip
-// and the hardware prefetcher had to find the rest alone, behind the first tile's reads: 8-12
-// rows streamed Qwen3's gate/up from DRAM at 31-33 GB/s, where the read probe gives 36-42.
-// Reading 8192 bytes ahead: 8 rows 1.07x (34.2 GB/s), 12 rows 1.06x (ktjit_kernel_bench); Qwen3
-// INT8 layers 1.03-1.05x at T = 128, 1.02-1.03x at T = 192, 1.00x at T = 256 (in-process A/Bs,
-// a Zen 5, 2026-11-28); the first tile of each strip alone: T = 128 1.02x; every call, DRAM-bound
-// or not: T = 256 0.99x. 0 (none) where prefill_stream_rows() is 0 (not measured there).
+// A DRAM-bound int8 or BF16-pair call (fewer than prefill_stream_rows() rows; the pf_var_ tiles of
+// jit/x64/gemm.cpp) also reads ahead: each tile's K steps prefetch (prefetcht0) the strip it reads
+// this many bytes further on, besides its share of the next strip. The share covers the first
+// rows / S of the next strip and the hardware prefetcher had to find the rest alone, behind the
+// first tile's reads: 8-12 rows streamed Qwen3's gate/up from DRAM at 30-33 GB/s, where the read
+// probe gives 36-42. Reading 8192 bytes ahead (ktjit_kernel_bench): int8 8 rows 1.07x (34.2
+// GB/s), 12 rows 1.06x; BF16 8 rows 1.12x, 12 rows 1.07x. Qwen3 layers (in-process A/Bs, a Zen 5,
+// 2026-11-28): INT8 1.03-1.05x at T = 128, 1.02-1.03x at T = 192, 1.00x at T = 256; BF16
+// 1.03-1.04x, 1.01-1.02x, 1.00-1.01x. For int8, the first tile of each strip alone: T = 128
+// 1.02x; every call, DRAM-bound or not: T = 256 0.99x. 0 (none) where prefill_stream_rows() is 0
+// (not measured there).
 constexpr int kPrefillReadAheadZen5 = 8192;
 inline int prefill_read_ahead_bytes() {
   return prefill_stream_rows() > 0 ? kPrefillReadAheadZen5 : 0;

@@ -480,20 +480,8 @@ class GemmGenerator : public JitGenerator {
               je(old, T_NEAR);
             }
             pf_var_ = true;
-            if (ahead_kernel()) {  // a DRAM-bound call: its tiles also read ahead (ahead_)
-              Label whole, blocks_end;
-              cmp(qword[rsp + pf_slot_], prefill_stream_rows());
-              jge(whole, T_NEAR);
-              ahead_ = true;
-              block_loop(kAllBlocks);
-              ahead_ = false;
-              jmp(blocks_end, T_NEAR);
-              L(whole);
-              block_loop(kAllBlocks);
-              L(blocks_end);
-            } else {
-              block_loop(kAllBlocks);  // (fewer than pf_blocks here: each prefetches)
-            }
+            // (fewer than pf_blocks here: each prefetches)
+            with_read_ahead([&] { block_loop(kAllBlocks); });
             pf_var_ = false;
             if (qg_) {
               jmp(after, T_NEAR);
@@ -509,7 +497,7 @@ class GemmGenerator : public JitGenerator {
           L(after);
         } else if (pair_var) {  // every block its share, whatever the call's rows
           pf_var_ = true;
-          block_loop(kAllBlocks);
+          with_read_ahead([&] { block_loop(kAllBlocks); });
           pf_var_ = false;
         } else {
           block_loop(pf_blocks);
@@ -518,7 +506,7 @@ class GemmGenerator : public JitGenerator {
         if (tail_rows_kernel(key_)) {
           if (pair_var) {
             pf_var_ = true;
-            tail_rows(true);
+            with_read_ahead([&] { tail_rows(true); });
             pf_var_ = false;
           } else if (pf_var_kernel()) {
             // After fewer than pf_blocks blocks (or none: a 7-row call) the tail tiles
@@ -531,17 +519,7 @@ class GemmGenerator : public JitGenerator {
               je(no_pf, T_NEAR);
             }
             pf_var_ = true;
-            if (ahead_kernel()) {
-              Label whole;
-              cmp(qword[rsp + pf_slot_], prefill_stream_rows());
-              jge(whole, T_NEAR);
-              ahead_ = true;
-              tail_rows(true);
-              ahead_ = false;
-              jmp(tail_done, T_NEAR);
-              L(whole);
-            }
-            tail_rows(true);
+            with_read_ahead([&] { tail_rows(true); });
             pf_var_ = false;
             jmp(tail_done, T_NEAR);
             L(no_pf);
@@ -2099,6 +2077,9 @@ class GemmGenerator : public JitGenerator {
     } else if (prefetch_next)
       for (int off = 0; off < pair_pf_bytes(); off += 64)
         prefetcht1(ptr[reg_pf + u * pair_pf_bytes() + off]);
+    if (ahead_)
+      for (int v = 0; v < nv_; ++v)
+        prefetcht0(ptr[reg_w + (u * nv_ + v) * 64 + prefill_read_ahead_bytes()]);
     for (int v = 0; v < nv_; ++v) vmovups(wreg(v), zword[reg_w + (u * nv_ + v) * 64]);
     // The row's pair goes through a register (one vpbroadcastd, renamed row after row) rather
     // than as an embedded {1to16} broadcast per vdpbf16ps: on a Zen 5 a 6 x 4 tile of
@@ -2697,11 +2678,32 @@ class GemmGenerator : public JitGenerator {
   const Reg64 reg_sw = r13;  // the fused block's scratch write pointer (fp8: reg_comp is unused)
   bool fuse_ = false;
   bool fuse_store_ = true;  // (a tail tile alone decodes for itself only: tail_rows)
-  // The tiles of a DRAM-bound int8 call (fewer than prefill_stream_rows() rows): their K steps
-  // also prefetch the strip they read prefill_read_ahead_bytes() further on (jit/gemm.hpp).
+  // The tiles of a DRAM-bound int8 or BF16-pair call (fewer than prefill_stream_rows() rows):
+  // their K steps also prefetch the strip they read prefill_read_ahead_bytes() further on
+  // (jit/gemm.hpp). (The BF16 pair tiles read their strip in place; fp8's read decoded pairs.)
   bool ahead_ = false;
   bool ahead_kernel() const {
-    return int8_tail_prefetch_kernel(key_) && prefill_read_ahead_bytes() > 0;
+    const bool bf16_pairs = pairs_ && key_.format == WeightFormat::bf16;
+    return (int8_tail_prefetch_kernel(key_) || bf16_pairs) && prefill_read_ahead_bytes() > 0;
+  }
+  // `emit` (the tiles of a pf_var_ call) once, or for ahead_kernel() twice: with ahead_ for calls
+  // of fewer than prefill_stream_rows() rows ([rsp + pf_slot_]), and as it is for the others.
+  template <class Emit>
+  void with_read_ahead(Emit emit) {
+    if (!ahead_kernel()) {
+      emit();
+      return;
+    }
+    Label whole, end;
+    cmp(qword[rsp + pf_slot_], prefill_stream_rows());
+    jge(whole, T_NEAR);
+    ahead_ = true;
+    emit();
+    ahead_ = false;
+    jmp(end, T_NEAR);
+    L(whole);
+    emit();
+    L(end);
   }
   void fp8_fused_constants() {
     vmovdqu8(Zmm(24), zword[rip + c_fp8_lut_[0]]);
