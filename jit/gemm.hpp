@@ -377,20 +377,33 @@ inline int64_t prefill_site_bytes(int64_t rows) {
   if (s == 0) return 512;
   return rows < s ? 512 * rows / s : kPrefillWholeSiteBytesZen5;
 }
-// A DRAM-bound int8 or BF16-pair call (fewer than prefill_stream_rows() rows; the pf_var_ tiles of
-// jit/x64/gemm.cpp) also reads ahead: each tile's K steps prefetch (prefetcht0) the strip it reads
-// this many bytes further on, besides its share of the next strip. The share covers the first
-// rows / S of the next strip and the hardware prefetcher had to find the rest alone, behind the
-// first tile's reads: 8-12 rows streamed Qwen3's gate/up from DRAM at 30-33 GB/s, where the read
-// probe gives 36-42. Reading 8192 bytes ahead (ktjit_kernel_bench): int8 8 rows 1.07x (34.2
-// GB/s), 12 rows 1.06x; BF16 8 rows 1.12x, 12 rows 1.07x. Qwen3 layers (in-process A/Bs, a Zen 5,
-// 2026-11-28): INT8 1.03-1.05x at T = 128, 1.02-1.03x at T = 192, 1.00x at T = 256; BF16
-// 1.03-1.04x, 1.01-1.02x, 1.00-1.01x. For int8, the first tile of each strip alone: T = 128
+// A DRAM-bound int8 or BF16-pair call (fewer than prefill_read_ahead_rows() rows, below; the
+// pf_var_ tiles of jit/x64/gemm.cpp) also reads ahead: each tile's K steps prefetch (prefetcht0)
+// the strip it reads this many bytes further on, besides its share of the next strip. The share
+// covers the first rows / S of the next strip and the hardware prefetcher had to find the rest
+// alone, behind the first tile's reads: 8-12 rows streamed Qwen3's gate/up from DRAM at 30-33 GB/s,
+// where the read probe gives 36-42. Reading 8192 bytes ahead (ktjit_kernel_bench): int8 8
+// rows 1.07x (34.2 GB/s), 12 rows 1.06x; BF16 8 rows 1.12x, 12 rows 1.07x. Qwen3 layers (in-process
+// A/Bs, a Zen 5, 2026-11-28): INT8 1.03-1.05x at T = 128, 1.02-1.03x at T = 192, 1.00x at T = 256;
+// BF16 1.03-1.04x, 1.01-1.02x, 1.00-1.01x. For int8, the first tile of each strip alone: T = 128
 // 1.02x; every call, DRAM-bound or not: T = 256 0.99x. 0 (none) where prefill_stream_rows() is 0
 // (not measured there).
 constexpr int kPrefillReadAheadZen5 = 8192;
 inline int prefill_read_ahead_bytes() {
   return prefill_stream_rows() > 0 ? kPrefillReadAheadZen5 : 0;
+}
+// The rows below which a call reads ahead: S for BF16 pairs, S + 2 for int8. An int8 call of S or
+// S + 1 rows asks for the whole next strip but computes it barely longer than DRAM streams it, and
+// at 13 rows (S) ran slower than at 12 (Qwen3's gate/up from DRAM, ktjit_kernel_bench: 742-757
+// against 813 Gop/s; down 759-767 against 728). Reading ahead there too: 13 rows 1.12-1.15x
+// (gate/up) and 1.09-1.10x (down), 14 rows 1.02-1.04x, 15 rows within 1 % either way, 16-17 rows
+// 0.98-1.00x; Qwen3 INT8 layers at T = 224 and 256 0.99-1.00x of the time (in-process A/Bs at
+// the noise floor). BF16's pair tiles measured no better with it at T = 256 (1.002-1.005x the
+// time) and keep S. (A Zen 5, 2026-11-28.)
+constexpr int kPrefillReadAheadRowsOverSInt8 = 2;
+inline int prefill_read_ahead_rows(const KernelKey& key) {
+  const int s = prefill_stream_rows();
+  return s > 0 && key.format == WeightFormat::int8 ? s + kPrefillReadAheadRowsOverSInt8 : s;
 }
 // qgroup at the AVX-512 levels likewise: its rows after the blocks ran as decode tiles, a
 // separate call per L2 chunk that read each strip again from L3 (7.5 % of a Qwen3 Q4_K

@@ -2678,7 +2678,7 @@ class GemmGenerator : public JitGenerator {
   const Reg64 reg_sw = r13;  // the fused block's scratch write pointer (fp8: reg_comp is unused)
   bool fuse_ = false;
   bool fuse_store_ = true;  // (a tail tile alone decodes for itself only: tail_rows)
-  // The tiles of a DRAM-bound int8 or BF16-pair call (fewer than prefill_stream_rows() rows):
+  // The tiles of a DRAM-bound int8 or BF16-pair call (fewer than prefill_read_ahead_rows() rows):
   // their K steps also prefetch the strip they read prefill_read_ahead_bytes() further on
   // (jit/gemm.hpp). (The BF16 pair tiles read their strip in place; fp8's read decoded pairs.)
   bool ahead_ = false;
@@ -2687,7 +2687,7 @@ class GemmGenerator : public JitGenerator {
     return (int8_tail_prefetch_kernel(key_) || bf16_pairs) && prefill_read_ahead_bytes() > 0;
   }
   // `emit` (the tiles of a pf_var_ call) once, or for ahead_kernel() twice: with ahead_ for calls
-  // of fewer than prefill_stream_rows() rows ([rsp + pf_slot_]), and as it is for the others.
+  // of fewer than prefill_read_ahead_rows() rows ([rsp + pf_slot_]), and as it is for the others.
   template <class Emit>
   void with_read_ahead(Emit emit) {
     if (!ahead_kernel()) {
@@ -2695,7 +2695,7 @@ class GemmGenerator : public JitGenerator {
       return;
     }
     Label whole, end;
-    cmp(qword[rsp + pf_slot_], prefill_stream_rows());
+    cmp(qword[rsp + pf_slot_], prefill_read_ahead_rows(key_));
     jge(whole, T_NEAR);
     ahead_ = true;
     emit();

@@ -652,10 +652,11 @@ TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
 // too far away a line fetched for nothing. A call of fewer rows than S = prefill_stream_rows()
 // (13 on a Zen 5; elsewhere 0, the whole strip at any row count) asks for the first rows / S of
 // each strip, 512 * rows / S bytes of every 512 (prefill_site_bytes), and leaves the rest to the
-// hardware prefetcher: those prefixes must be covered, and the rest left alone. Where such calls
-// also read ahead (prefill_read_ahead_bytes, a Zen 5), the lines asked for must be exactly the
-// prefixes and the read-ahead's: each strip from that many bytes on, and past the last strip that
-// many bytes.
+// hardware prefetcher: those prefixes must be covered, and the rest left alone. Where calls of
+// fewer than prefill_read_ahead_rows() rows (S for BF16 pairs, S + 2 for int8, whose 13- and
+// 14-row calls ask for the whole strip) also read ahead (prefill_read_ahead_bytes, a Zen 5), the
+// lines asked for must be exactly the prefixes and the read-ahead's: each strip from that many
+// bytes on, and past the last strip that many bytes.
 TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
   const int64_t N = 3 * 64, K = 256;  // three full 64-column strips
   for (const bool bf16 : {false, true})
@@ -693,7 +694,7 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
       // its pointer runs ahead over the two strips
       const int64_t site = prefill_site_bytes(rows), prefix = strip * site / 512;
       const int64_t read_ahead = prefill_read_ahead_bytes();
-      if (read_ahead > 0 && rows < prefill_stream_rows()) {
+      if (read_ahead > 0 && rows < prefill_read_ahead_rows(key)) {
         // A DRAM-bound call reads ahead too: each tile prefetches the strip it reads
         // read_ahead bytes on. So the lines asked for are exactly: strip 0 from read_ahead on,
         // all of strip 1 (its prefix by strip 0's shares, the rest by its own tiles), and of
