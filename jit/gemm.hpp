@@ -396,10 +396,10 @@ inline int prefill_read_ahead_bytes() {
 // S + 1 rows asks for the whole next strip but computes it barely longer than DRAM streams it, and
 // at 13 rows (S) ran slower than at 12 (Qwen3's gate/up from DRAM, ktjit_kernel_bench: 742-757
 // against 813 Gop/s; down 759-767 against 728). Reading ahead there too: 13 rows 1.12-1.15x
-// (gate/up) and 1.09-1.10x (down), 14 rows 1.02-1.04x, 15 rows within 1 % either way, 16-17 rows
-// 0.98-1.00x; Qwen3 INT8 layers at T = 224 and 256 0.99-1.00x of the time (in-process A/Bs at
-// the noise floor). BF16's pair tiles measured no better with it at T = 256 (1.002-1.005x the
-// time) and keep S. (A Zen 5, 2026-11-28.)
+// (gate/up) and 1.09-1.14x (down), 14 rows 1.01-1.04x, 15 rows within 1 % either way, 16-17 rows
+// 0.98-1.00x; Qwen3 INT8 layers at T = 224 and 256 0.98-1.01x of the time, 9 of 10 A/Bs below 1
+// (in-process, at the noise floor). BF16's pair tiles measured no better with it at T = 256
+// (1.002-1.005x the time) and keep S. (A Zen 5, 2026-11-28.)
 constexpr int kPrefillReadAheadRowsOverSInt8 = 2;
 inline int prefill_read_ahead_rows(const KernelKey& key) {
   const int s = prefill_stream_rows();
