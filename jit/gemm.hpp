@@ -423,8 +423,12 @@ inline bool tail_rows_kernel(const KernelKey& key) {
 // vpdpbusd), so its row cost about two (7 rows ran at 82 % of the peak with the weights in
 // cache, 8 rows at 97 %). Calls whose rows leave 1 after the blocks run one block fewer and
 // those 7 rows (prefill_split). (qgroup's 3-row tiles as 2 + 2 measured no faster at T = 256.)
+// The BF16 pair tiles (vdpbf16ps) likewise since 2026-11-28: over Qwen3's matrices from DRAM
+// (ktjit_kernel_bench, a Zen 5) 7 rows 1.08x faster (gate/up and down), 19 rows 1.05x, 13 rows
+// 1.00-1.02x (DRAM-bound either way).
 inline bool split_tail_kernel(const KernelKey& key) {
-  return int8_tail_prefetch_kernel(key) && key.m_r == 6;
+  const bool bf16_pairs = key.isa == IsaLevel::avx512_bf16 && bf16_pair_kernel(key);
+  return (int8_tail_prefetch_kernel(key) || bf16_pairs) && key.m_r == 6;
 }
 
 // A prefill call over `rows` rows (the executor's, and the tests'): its m_blocks, and its m_tail

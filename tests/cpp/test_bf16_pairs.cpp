@@ -71,15 +71,15 @@ struct Problem {
   }
 };
 
-// One problem the way the executor runs it: full strips, then the tail strip, each over M / m_r
-// blocks of m_r = 6 rows (the pair kernels' tile) and the M % m_r rows left as the call's short
-// tile (GemmArgs::m_tail), out rows scattered. Returns the outputs of the
+// One problem the way the executor runs it: full strips, then the tail strip, each over the
+// blocks of m_r = 6 rows (the pair kernels' tile) and the rows left as the call's short tiles
+// (GemmArgs::m_tail) that prefill_split gives, out rows scattered. Returns the outputs of the
 // generated kernels (run = true) or of the twin.
 std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot_check) {
   test::Bf16Case c = test::make_bf16_case(p.epi, p.M, p.N, p.K, p.seed);
   std::vector<float*> rows;
-  for (int64_t m = 0; m < p.M; ++m)  // a permutation: no M here is a multiple of 7
-    rows.push_back(c.out.data() + ((m * 7) % p.M) * c.stride);
+  const int64_t step = p.M % 7 ? 7 : 5;  // a permutation: no M here is a multiple of 35
+  for (int64_t m = 0; m < p.M; ++m) rows.push_back(c.out.data() + ((m * step) % p.M) * c.stride);
   const int m_r = gemm_max_rows(IsaLevel::avx512_bf16, WeightFormat::bf16);
   const int full_cols = c.l.strip_cols(c.l.strip_vecs);
   for (int part = 0; part < 2; ++part) {
@@ -106,8 +106,9 @@ std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot
     g.out_rows = rows.data();
     g.out_col = s0 * gemm_strip_out_cols(IsaLevel::avx512_bf16, c.l.strip_vecs, p.epi);
     g.row_weight = c.rw.data();
-    g.m_blocks = p.M / m_r;
-    g.m_tail = p.M % m_r;
+    const PrefillSplit sp = prefill_split(key, p.M);  // (a 1-row tail after blocks: 4 + 3)
+    g.m_blocks = sp.blocks;
+    g.m_tail = sp.tail;
     g.scratch = nullptr;  // bf16 strips are k pairs already: the kernels read them in place
     if (generated) {
       if (test::run_generated(key, g).empty()) return c.out;
@@ -127,14 +128,17 @@ std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot
   return c.out;
 }
 
-// M % 6 takes every tail size (0 .. 5), M = 5 a call of the tail alone.
+// M % 6 takes every tail size (0 .. 5), M = 5 a call of the tail alone; M = 7, 13 and 19 leave 1
+// row after the blocks, which runs with the last block as a 4-row and a 3-row tile
+// (prefill_split), M = 7 with no block before them.
 const Problem kProblems[] = {
     {Epilogue::store, 6, 64, 2, 1},     {Epilogue::store, 13, 100, 30, 2},
     {Epilogue::store, 18, 64, 128, 3},  {Epilogue::store, 8, 16, 96, 4},
     {Epilogue::siluup, 16, 128, 64, 5}, {Epilogue::siluup, 29, 96, 130, 6},
     {Epilogue::accum, 15, 64, 34, 7},   {Epilogue::accum, 30, 200, 256, 8},
     {Epilogue::accum, 6, 48, 2048, 9},  {Epilogue::store, 36, 256, 512, 10},
-    {Epilogue::store, 5, 64, 66, 11},
+    {Epilogue::store, 5, 64, 66, 11},   {Epilogue::store, 7, 64, 128, 12},
+    {Epilogue::accum, 19, 128, 96, 13},
 };
 
 TEST(Bf16Pairs, TwinIsWithinFp32RoundingOfFloat64) {
