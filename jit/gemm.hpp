@@ -95,9 +95,9 @@ struct GemmArgs {
   // are followed by one int8 sub-scale (then sub-bias) per column.
   int64_t g_per_super;
   int64_t s_per_strip;
-  // tail_rows_kernel prefill only: rows after the m_blocks blocks (0 .. m_r - 1, or m_r + 1 for
-  // split_tail_kernel), run by the same call over the same (decoded) strip (rows m_blocks * m_r
-  // onwards).
+  // tail_rows_kernel prefill only: rows after the m_blocks blocks (0 .. m_r - 1, or m_r + 1 ..
+  // m_r + split_tail_rows for split_tail_kernel), run by the same call over the same (decoded)
+  // strip (rows m_blocks * m_r onwards).
   int64_t m_tail;
   // Prefill kernels: where the call's last strip prefetches "the next strip" (the first strip of
   // the matrix the caller runs next, e.g. the next expert's), or nullptr for the strip after it
@@ -426,9 +426,21 @@ inline bool tail_rows_kernel(const KernelKey& key) {
 // The BF16 pair tiles (vdpbf16ps) likewise since 2026-11-28: over Qwen3's matrices from DRAM
 // (ktjit_kernel_bench, a Zen 5) 7 rows 1.08x faster (gate/up and down), 19 rows 1.05x, 13 rows
 // 1.00-1.02x (DRAM-bound either way).
+// int8 also takes m_tail = m_r + 2 = 8, as two 4-row tiles, since 2026-11-28 (a thirty-fifth
+// session): the 2-row tile after the blocks reads the strip back from L2 at 4 weight lines per
+// 8 vpdpbusd. Over Qwen3's matrices from DRAM (ktjit_kernel_bench, a Zen 5; gate/up, down) 14
+// rows ran 1.03-1.05x faster, 8 rows 1.02-1.08x, 20 1.01-1.03x, 26 and 32 0.99-1.02x; Qwen3 INT8
+// layers at T = 256 0.99x the time. Tails of 3 as 5 + 4 were no faster (15 rows 0.98-0.99x), nor
+// BF16's pair tiles at 14 rows (0.96-0.99x; 20 rows 1.02-1.03x).
 inline bool split_tail_kernel(const KernelKey& key) {
   const bool bf16_pairs = key.isa == IsaLevel::avx512_bf16 && bf16_pair_kernel(key);
   return (int8_tail_prefetch_kernel(key) || bf16_pairs) && key.m_r == 6;
+}
+// The most rows after the blocks that a split_tail_kernel runs with the last block as two tiles
+// (m_tail = m_r + 1 .. m_r + this, prefill_split): 2 for int8, 1 for the BF16 pair tiles.
+inline int split_tail_rows(const KernelKey& key) {
+  if (!split_tail_kernel(key)) return 0;
+  return int8_tail_prefetch_kernel(key) ? 2 : 1;
 }
 
 // A prefill call over `rows` rows (the executor's, and the tests'): its m_blocks, and its m_tail
@@ -438,9 +450,9 @@ struct PrefillSplit {
 };
 inline PrefillSplit prefill_split(const KernelKey& key, int64_t rows) {
   PrefillSplit s{rows / key.m_r, tail_rows_kernel(key) ? rows % key.m_r : 0};
-  if (split_tail_kernel(key) && s.tail == 1 && s.blocks > 0) {
+  if (s.blocks > 0 && s.tail >= 1 && s.tail <= split_tail_rows(key)) {
     --s.blocks;
-    s.tail = key.m_r + 1;
+    s.tail += key.m_r;
   }
   return s;
 }

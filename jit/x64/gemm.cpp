@@ -622,8 +622,9 @@ class GemmGenerator : public JitGenerator {
   // rows would otherwise run the decode tiles, which decode every weight again); the vdpbf16ps
   // pair kernels the strip in place or, fp8, its decoded pairs (their callers would otherwise pad
   // the last block with zero rows); int8 the strip in place.
-  // split_tail_kernel: m_tail = m_r + 1 (7) runs as a 4-row and a 3-row tile. The int8 tail
-  // tiles prefetch with pf_var_ (each its rows' share of the next strip).
+  // split_tail_kernel: m_tail = m_r + 1 (7) runs as a 4-row and a 3-row tile, and for int8
+  // m_r + 2 (8) as two 4-row tiles (split_tail_rows). The int8 tail tiles prefetch with pf_var_
+  // (each its rows' share of the next strip).
   void tail_rows(bool prefetch_next) {
     Label done;
     const int rows = mr_;
@@ -663,11 +664,11 @@ class GemmGenerator : public JitGenerator {
       jmp(done, T_NEAR);
       L(next);
     }
-    if (split_tail_kernel(key_)) {
+    for (int t = rows + 1; t <= rows + split_tail_rows(key_); ++t) {
       Label next;
-      cmp(arg(offsetof(GemmArgs, m_tail)), rows + 1);
+      cmp(arg(offsetof(GemmArgs, m_tail)), t);
       jne(next, T_NEAR);
-      const int r0 = (rows + 2) / 2, r1 = (rows + 1) / 2;
+      const int r0 = (t + 1) / 2, r1 = t / 2;
       mov(reg_w, reg_strip);
       mr_ = r0;
       compute_block(prefetch_next);

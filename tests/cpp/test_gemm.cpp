@@ -546,10 +546,11 @@ TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
 }
 
 // int8 prefill at the AVX-512 VNNI levels runs the rows after its 6-row blocks as the call's
-// short tile (jit/gemm.hpp int8_tail_prefetch_kernel), every tail size 2-5, after one block
-// (the tail tile prefetches the rest of the next strip) and after more, and a last row as a
-// 4-row and a 3-row tile with the block before it (split_tail_kernel, prefill_split) after
-// no block, one and two; the sweep above meets only tails of 4 and 5.
+// short tile (jit/gemm.hpp int8_tail_prefetch_kernel), every tail size 3-5, after one block
+// (the tail tile prefetches the rest of the next strip) and after more, and a last row or two
+// with the block before it as a 4-row and a 3-row tile or two 4-row tiles (split_tail_kernel,
+// split_tail_rows, prefill_split) after no block, one, two and three; the sweep above meets only
+// tails of 4 and 5.
 TEST(Gemm, Int8VnniTailRowsBitwise) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "x86 kernels";
@@ -563,9 +564,9 @@ TEST(Gemm, Int8VnniTailRowsBitwise) {
     ASSERT_EQ(gemm_max_rows(isa), 6);
     std::vector<std::string> names;
     for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
-      // tails 2, 3, 4, 5 after one block; 0, 5 after two; 5, 3 after three and four; 4 + 3
-      // after none, one, two and three
-      for (int64_t M : {8, 9, 10, 11, 12, 17, 23, 27, 7, 13, 19, 25})
+      // tails 3, 4, 5 after one block; 0, 5 after two; 5, 3 after three and four; 4 + 3 after
+      // none, one, two and three; 4 + 4 after none, one, two and three
+      for (int64_t M : {9, 10, 11, 12, 17, 23, 27, 7, 13, 19, 25, 8, 14, 20, 26})
         for (int64_t N : {16, 100})
           for (int64_t K : {64, 130}) {
             check_problem({isa, WeightFormat::int8, epi, M, N, K, seed++}, &names);
@@ -576,6 +577,12 @@ TEST(Gemm, Int8VnniTailRowsBitwise) {
     EXPECT_TRUE(split_tail_kernel(pkey));
     EXPECT_EQ(prefill_split(pkey, 13).blocks, 1);
     EXPECT_EQ(prefill_split(pkey, 13).tail, 7);
+    EXPECT_EQ(split_tail_rows(pkey), 2);
+    EXPECT_EQ(prefill_split(pkey, 8).blocks, 0);
+    EXPECT_EQ(prefill_split(pkey, 8).tail, 8);
+    EXPECT_EQ(prefill_split(pkey, 14).blocks, 1);
+    EXPECT_EQ(prefill_split(pkey, 14).tail, 8);
+    EXPECT_EQ(prefill_split(pkey, 15).tail, 3);
   }
   if (checked == 0) GTEST_SKIP() << "neither avx512_vnni nor avx512_bf16 runs here";
 }
