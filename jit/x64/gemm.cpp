@@ -45,10 +45,23 @@ namespace {
 // and DeepSeek-V3, T = 1 and 4), and MXFP8 (not measured then) streamed at only 38-49 % of the
 // probes without, 78-85 % with 8192 (16384: 78-84 %; a twenty-eighth session); the other byte
 // formats stayed without (INT8 98-100 % without, 94 % with it; BF16, Q6_K, Q8_0 the same either
-// way). KT_JIT_DECODE_PREFETCH=<bytes> (0 = none,
-// a multiple of 64 up to 65536) overrides it for every kernel this process generates.
+// way). Those were one-row figures. Tiles of more rows compute longer per byte, and there the
+// hardware prefetcher alone fell behind: on the Zen 5 (2026-11-28, ktjit_kernel_bench, Qwen3's
+// matrices from DRAM, medians of 3 alternating rounds) int8 streamed gate/up at 36 / 35 / 33 GB/s
+// with 4 / 5 / 6 rows and no prefetch against 39 / 40 / 39 at 8192, int4 at 37 / 36 / 33 with
+// 4096 against 40 / 40 / 38, bf16 at 38 / 35 / 33 with 2 / 3 / 4 rows against 40 / 39 / 38 (down
+// alike, DeepSeek-V3's gate/up too); 1-3 rows (int8, int4) and 1 row (bf16) gained nothing. So on
+// a Zen 5 int8 and int4 tiles of >= 4 rows and bf16 tiles of >= 2 read 8192 bytes ahead
+// (kDecodePrefetchZen5Rows): Qwen3 layers with every expert at 6 rows 1.12x (INT8) and 1.09x
+// (INT4), at 4 rows 1.05x (INT4) and 1.07x (BF16); random routing at T = 64 1.04x (INT4) and
+// 1.03x (BF16), INT8 at T = 96 1.015x (in-process A/Bs, docs/evidence/zen5_avx512.md). MXFP4's
+// tiles, compute-bound at those rows, measured no gain (T = 64 1.00x). KT_JIT_DECODE_PREFETCH=
+// <bytes> (0 = none, a multiple of 64 up to 65536) overrides it for every kernel this process
+// generates.
 constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchZen5Nib = 4096,
-              kDecodePrefetchZen5Fp8 = 8192;
+              kDecodePrefetchZen5Fp8 = 8192, kDecodePrefetchZen5Rows = 8192;
+// The rows from which a Zen 5's int8 / int4 and bf16 decode tiles take kDecodePrefetchZen5Rows.
+constexpr int kZen5RowsPrefetchIntMinRows = 4, kZen5RowsPrefetchBf16MinRows = 2;
 int decode_prefetch_bytes(const KernelKey& key) {
   static const int env_bytes = [] {
     const char* env = std::getenv("KT_JIT_DECODE_PREFETCH");
@@ -71,6 +84,10 @@ int decode_prefetch_bytes(const KernelKey& key) {
     const bool nibbles = fmt == WeightFormat::int4 || fmt == WeightFormat::mxfp4 ||
                          (fmt == WeightFormat::qgroup && (key.variant & kQGroupNibbles));
     const bool e4m3 = fmt == WeightFormat::fp8 || fmt == WeightFormat::mxfp8;
+    const bool int_rows = (fmt == WeightFormat::int8 || fmt == WeightFormat::int4) &&
+                          key.m_r >= kZen5RowsPrefetchIntMinRows;
+    const bool bf16_rows = fmt == WeightFormat::bf16 && key.m_r >= kZen5RowsPrefetchBf16MinRows;
+    if (int_rows || bf16_rows) return kDecodePrefetchZen5Rows;
     return nibbles ? kDecodePrefetchZen5Nib : e4m3 ? kDecodePrefetchZen5Fp8 : 0;
   }
   const bool lean_int = fmt == WeightFormat::int8 || fmt == WeightFormat::qgroup;
