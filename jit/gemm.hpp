@@ -324,20 +324,26 @@ inline bool strip_scratch_kernel(const KernelKey& key) {
 // Prefill kernels that run GemmArgs::m_tail rows (0 .. m_r - 1) after their m_blocks blocks, as
 // one short tile in the same call over the same strip: the strip-scratch kernels (over the strip
 // they decoded) and the vdpbf16ps pair kernels at avx512_bf16 (bf16, fp8 pair prefill), whose
-// callers would otherwise pad the last block with zero rows; and the int8 kernels of the
-// AVX-512 VNNI levels (int8_tail_prefetch_kernel). The AMX and NEON pair kernels keep whole
+// callers would otherwise pad the last block with zero rows; and the int8 and int4 kernels of
+// the AVX-512 VNNI levels (int_tail_prefetch_kernel). The AMX and NEON pair kernels keep whole
 // blocks.
 // int8 at avx512_vnni / avx512_bf16: the rows after the blocks ran as decode tiles over each L2
 // chunk after its blocks, prefetching nothing, so DRAM idled through them (13 % of a Qwen3
 // T = 256 layer). As the call's short tile they run strip by strip between the blocks, and in a
-// call of fewer than 8 blocks every tile prefetches its rows' share of the next strip.
-inline bool int8_tail_prefetch_kernel(const KernelKey& key) {
-  return key.format == WeightFormat::int8 && key.kind == KernelKind::gemm_prefill &&
+// call of fewer than 8 blocks every tile prefetches its rows' share of the next strip. int4
+// (the same vpdpbusd tiles after a nibble unpack) likewise since 2026-11-28 (a thirty-sixth
+// session): over Qwen3's matrices from DRAM (ktjit_kernel_bench, a Zen 5) 7-10 rows ran
+// 1.04-1.12x faster, 12-26 rows 1.01-1.04x; Qwen3 INT4 layers with every expert at 7 / 8 / 10 /
+// 16 rows 1.14-1.23 / 1.06-1.14 / 1.02-1.08 / 1.02-1.06x, and `kt-jit bench` at T = 128 / 256
+// went from 71-74 / 81-84 % to 78-81 / 86-89 % of the vpdpbusd peak (three process pairs).
+inline bool int_tail_prefetch_kernel(const KernelKey& key) {
+  return (key.format == WeightFormat::int8 || key.format == WeightFormat::int4) &&
+         key.kind == KernelKind::gemm_prefill &&
          (key.isa == IsaLevel::avx512_vnni || key.isa == IsaLevel::avx512_bf16);
 }
-// The int8 and vdpbf16ps pair kernels whose tiles prefetch their rows' shares of the next strip
-// (jit/x64/gemm.cpp pf_var_) ask, in a call of M rows, for the first min(M, S) / S of it, S being
-// the rows at which a strip's compute takes about as long as DRAM takes to stream it (this
+// The int8 / int4 and vdpbf16ps pair kernels whose tiles prefetch their rows' shares of the next
+// strip (jit/x64/gemm.cpp pf_var_) ask, in a call of M rows, for the first min(M, S) / S of it, S
+// being the rows at which a strip's compute takes about as long as DRAM takes to stream it (this
 // function; 0: the whole strip at any M). Below S a call is DRAM-bound and its tiles, computing
 // faster than DRAM streams, asked for the strip faster than DRAM gave it, and such calls streamed
 // 24-28 GB/s where 12 rows and the decode tiles streamed 31-33 (likely: prefetches this core had
@@ -392,7 +398,8 @@ constexpr int kPrefillReadAheadZen5 = 8192;
 inline int prefill_read_ahead_bytes() {
   return prefill_stream_rows() > 0 ? kPrefillReadAheadZen5 : 0;
 }
-// The rows below which a call reads ahead: S for BF16 pairs, S + 2 for int8. An int8 call of S or
+// The rows below which a call reads ahead: S for BF16 pairs and int4 (not tuned), S + 2 for int8.
+// An int8 call of S or
 // S + 1 rows asks for the whole next strip but computes it barely longer than DRAM streams it, and
 // at 13 rows (S) ran slower than at 12 (Qwen3's gate/up from DRAM, ktjit_kernel_bench: 742-757
 // against 813 Gop/s; down 759-767 against 728). Reading ahead there too: 13 rows 1.12-1.15x
@@ -413,12 +420,13 @@ inline bool qgroup_tail_rows_kernel(const KernelKey& key) {
          !isa_is_neon(key.isa) && int(key.isa) >= int(IsaLevel::avx512);
 }
 inline bool tail_rows_kernel(const KernelKey& key) {
-  return strip_scratch_kernel(key) || int8_tail_prefetch_kernel(key) ||
+  return strip_scratch_kernel(key) || int_tail_prefetch_kernel(key) ||
          qgroup_tail_rows_kernel(key) ||
          (key.isa == IsaLevel::avx512_bf16 && key.kind == KernelKind::gemm_prefill &&
           (bf16_pair_kernel(key) || fp8_pair_kernel(key) || mx_pair_kernel(key)));
 }
-// Of those, the int8 6-row kernels of the VNNI levels take m_tail = m_r + 1 = 7 too, as a 4-row
+// Of those, the int8 (and since 2026-11-28 int4) 6-row kernels of the VNNI levels take
+// m_tail = m_r + 1 = 7 too, as a 4-row
 // and a 3-row tile: a 1-row tile's K loop waits on L2 (4 weight vectors a step feed only 4
 // vpdpbusd), so its row cost about two (7 rows ran at 82 % of the peak with the weights in
 // cache, 8 rows at 97 %). Calls whose rows leave 1 after the blocks run one block fewer and
@@ -426,21 +434,22 @@ inline bool tail_rows_kernel(const KernelKey& key) {
 // The BF16 pair tiles (vdpbf16ps) likewise since 2026-11-28: over Qwen3's matrices from DRAM
 // (ktjit_kernel_bench, a Zen 5) 7 rows 1.08x faster (gate/up and down), 19 rows 1.05x, 13 rows
 // 1.00-1.02x (DRAM-bound either way).
-// int8 also takes m_tail = m_r + 2 = 8, as two 4-row tiles, since 2026-11-28 (a thirty-fifth
-// session): the 2-row tile after the blocks reads the strip back from L2 at 4 weight lines per
-// 8 vpdpbusd. Over Qwen3's matrices from DRAM (ktjit_kernel_bench, a Zen 5; gate/up, down) 14
-// rows ran 1.03-1.05x faster, 8 rows 1.02-1.08x, 20 1.01-1.03x, 26 and 32 0.99-1.02x; Qwen3 INT8
-// layers at T = 256 0.99x the time. Tails of 3 as 5 + 4 were no faster (15 rows 0.98-0.99x), nor
-// BF16's pair tiles at 14 rows (0.96-0.99x; 20 rows 1.02-1.03x).
+// int8 (and int4) also takes m_tail = m_r + 2 = 8, as two 4-row tiles, since 2026-11-28 (a
+// thirty-fifth session): the 2-row tile after the blocks reads the strip back from L2 at 4 weight
+// lines per 8 vpdpbusd. Over Qwen3's matrices from DRAM (ktjit_kernel_bench, a Zen 5; gate/up,
+// down) 14 rows ran 1.03-1.05x faster, 8 rows 1.02-1.08x, 20 1.01-1.03x, 26 and 32 0.99-1.02x;
+// Qwen3 INT8 layers at T = 256 0.99x the time. Tails of 3 as 5 + 4 were no faster (15 rows
+// 0.98-0.99x), nor BF16's pair tiles at 14 rows (0.96-0.99x; 20 rows 1.02-1.03x).
 inline bool split_tail_kernel(const KernelKey& key) {
   const bool bf16_pairs = key.isa == IsaLevel::avx512_bf16 && bf16_pair_kernel(key);
-  return (int8_tail_prefetch_kernel(key) || bf16_pairs) && key.m_r == 6;
+  return (int_tail_prefetch_kernel(key) || bf16_pairs) && key.m_r == 6;
 }
 // The most rows after the blocks that a split_tail_kernel runs with the last block as two tiles
-// (m_tail = m_r + 1 .. m_r + this, prefill_split): 2 for int8, 1 for the BF16 pair tiles.
+// (m_tail = m_r + 1 .. m_r + this, prefill_split): 2 for int8 and int4, 1 for the BF16 pair
+// tiles.
 inline int split_tail_rows(const KernelKey& key) {
   if (!split_tail_kernel(key)) return 0;
-  return int8_tail_prefetch_kernel(key) ? 2 : 1;
+  return int_tail_prefetch_kernel(key) ? 2 : 1;
 }
 
 // A prefill call over `rows` rows (the executor's, and the tests'): its m_blocks, and its m_tail

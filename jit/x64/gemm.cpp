@@ -635,13 +635,13 @@ class GemmGenerator : public JitGenerator {
 
   // tail_rows_kernel: the call's GemmArgs::m_tail rows after its blocks (reg_row, 1 .. m_r - 1
   // of them) as one short tile over the same strip, prefetching the next strip at reg_pf where
-  // asked (int8_tail_prefetch_kernel). Strip-scratch kernels read the strip they decoded (those
+  // asked (int_tail_prefetch_kernel). Strip-scratch kernels read the strip they decoded (those
   // rows would otherwise run the decode tiles, which decode every weight again); the vdpbf16ps
   // pair kernels the strip in place or, fp8, its decoded pairs (their callers would otherwise pad
-  // the last block with zero rows); int8 the strip in place.
-  // split_tail_kernel: m_tail = m_r + 1 (7) runs as a 4-row and a 3-row tile, and for int8
-  // m_r + 2 (8) as two 4-row tiles (split_tail_rows). The int8 tail tiles prefetch with pf_var_
-  // (each its rows' share of the next strip).
+  // the last block with zero rows); int8 and int4 the strip in place.
+  // split_tail_kernel: m_tail = m_r + 1 (7) runs as a 4-row and a 3-row tile, and for int8 / int4
+  // m_r + 2 (8) as two 4-row tiles (split_tail_rows). The int8 / int4 tail tiles prefetch with
+  // pf_var_ (each its rows' share of the next strip).
   void tail_rows(bool prefetch_next) {
     Label done;
     const int rows = mr_;
@@ -841,7 +841,7 @@ class GemmGenerator : public JitGenerator {
   // blocks, pf_lines_ lines at each prefetch site (generate()).
   static constexpr int kFewPrefetchBlocks = 2;
   int pf_lines_ = 1;
-  // pf_var_ tiles (int8_tail_prefetch_kernel and qgroup_tail_rows_kernel calls of
+  // pf_var_ tiles (int_tail_prefetch_kernel and qgroup_tail_rows_kernel calls of
   // fewer than kPrefetchBlocks blocks, half as many of half-strip tiles, and the vdpbf16ps pair
   // kernels that take their tail rows, whose blocks 0-1 took half each): each prefetch site (every
   // second K step) touches pf_var_lines() lines from reg_pf and moves reg_pf on by the tile's
@@ -869,7 +869,7 @@ class GemmGenerator : public JitGenerator {
   // count the sites of every pass (qg_pf_var_setup) and touch one step's (4).
   bool pf_var_ = false;
   bool pf_var_kernel() const {
-    return int8_tail_prefetch_kernel(key_) || (pairs_ && tail_rows_kernel(key_)) ||
+    return int_tail_prefetch_kernel(key_) || (pairs_ && tail_rows_kernel(key_)) ||
            (qg_ && qgroup_tail_rows_kernel(key_));
   }
   static constexpr int kAllBlocks = 1 << 20;  // block_loop: every block prefetches
@@ -2702,7 +2702,7 @@ class GemmGenerator : public JitGenerator {
   bool ahead_ = false;
   bool ahead_kernel() const {
     const bool bf16_pairs = pairs_ && key_.format == WeightFormat::bf16;
-    return (int8_tail_prefetch_kernel(key_) || bf16_pairs) && prefill_read_ahead_bytes() > 0;
+    return (int_tail_prefetch_kernel(key_) || bf16_pairs) && prefill_read_ahead_bytes() > 0;
   }
   // `emit` (the tiles of a pf_var_ call) once, or for ahead_kernel() twice: with ahead_ for calls
   // of fewer than prefill_read_ahead_rows() rows ([rsp + pf_slot_]), and as it is for the others.

@@ -545,8 +545,8 @@ TEST(Gemm, Fp8PairTilesRunTheirLastRowsBitwise) {
   EXPECT_GT(names.size(), test::count_containing(names, "_perm"));
 }
 
-// int8 prefill at the AVX-512 VNNI levels runs the rows after its 6-row blocks as the call's
-// short tile (jit/gemm.hpp int8_tail_prefetch_kernel), every tail size 3-5, after one block
+// int8 and int4 prefill at the AVX-512 VNNI levels run the rows after its 6-row blocks as the
+// call's short tile (jit/gemm.hpp int_tail_prefetch_kernel), every tail size 3-5, after one block
 // (the tail tile prefetches the rest of the next strip) and after more, and a last row or two
 // with the block before it as a 4-row and a 3-row tile or two 4-row tiles (split_tail_kernel,
 // split_tail_rows, prefill_split) after no block, one, two and three; the sweep above meets only
@@ -557,33 +557,37 @@ TEST(Gemm, Int8VnniTailRowsBitwise) {
 #endif
   uint32_t seed = 9500;
   size_t checked = 0;
-  for (IsaLevel isa : test::kernel_test_levels()) {
-    KernelKey pkey = key_for(isa, KernelKind::gemm_prefill, gemm_max_rows(isa), kStripVecs,
-                             Epilogue::store, WeightFormat::int8);
-    if (!int8_tail_prefetch_kernel(pkey)) continue;
-    ASSERT_EQ(gemm_max_rows(isa), 6);
-    std::vector<std::string> names;
-    for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
-      // tails 3, 4, 5 after one block; 0, 5 after two; 5, 3 after three and four; 4 + 3 after
-      // none, one, two and three; 4 + 4 after none, one, two and three
-      for (int64_t M : {9, 10, 11, 12, 17, 23, 27, 7, 13, 19, 25, 8, 14, 20, 26})
-        for (int64_t N : {16, 100})
-          for (int64_t K : {64, 130}) {
-            check_problem({isa, WeightFormat::int8, epi, M, N, K, seed++}, &names);
-            if (HasFatalFailure()) return;
-            ++checked;
-          }
-    EXPECT_GT(test::count_containing(names, "gemm_prefill_int8"), 0u) << isa_name(isa);
-    EXPECT_TRUE(split_tail_kernel(pkey));
-    EXPECT_EQ(prefill_split(pkey, 13).blocks, 1);
-    EXPECT_EQ(prefill_split(pkey, 13).tail, 7);
-    EXPECT_EQ(split_tail_rows(pkey), 2);
-    EXPECT_EQ(prefill_split(pkey, 8).blocks, 0);
-    EXPECT_EQ(prefill_split(pkey, 8).tail, 8);
-    EXPECT_EQ(prefill_split(pkey, 14).blocks, 1);
-    EXPECT_EQ(prefill_split(pkey, 14).tail, 8);
-    EXPECT_EQ(prefill_split(pkey, 15).tail, 3);
-  }
+  for (IsaLevel isa : test::kernel_test_levels())
+    for (WeightFormat fmt : {WeightFormat::int8, WeightFormat::int4}) {
+      KernelKey pkey = key_for(isa, KernelKind::gemm_prefill, gemm_max_rows(isa, fmt), kStripVecs,
+                               Epilogue::store, fmt);
+      if (!int_tail_prefetch_kernel(pkey)) continue;
+      ASSERT_EQ(gemm_max_rows(isa, fmt), 6);
+      std::vector<std::string> names;
+      for (Epilogue epi : {Epilogue::store, Epilogue::siluup, Epilogue::accum})
+        // tails 3, 4, 5 after one block; 0, 5 after two; 5, 3 after three and four; 4 + 3 after
+        // none, one, two and three; 4 + 4 after none, one, two and three
+        for (int64_t M : {9, 10, 11, 12, 17, 23, 27, 7, 13, 19, 25, 8, 14, 20, 26})
+          for (int64_t N : {16, 100})
+            for (int64_t K : {64, 130}) {
+              check_problem({isa, fmt, epi, M, N, K, seed++}, &names);
+              if (HasFatalFailure()) return;
+              ++checked;
+            }
+      EXPECT_GT(test::count_containing(
+                    names, fmt == WeightFormat::int8 ? "gemm_prefill_int8" : "gemm_prefill_int4"),
+                0u)
+          << isa_name(isa);
+      EXPECT_TRUE(split_tail_kernel(pkey));
+      EXPECT_EQ(prefill_split(pkey, 13).blocks, 1);
+      EXPECT_EQ(prefill_split(pkey, 13).tail, 7);
+      EXPECT_EQ(split_tail_rows(pkey), 2);
+      EXPECT_EQ(prefill_split(pkey, 8).blocks, 0);
+      EXPECT_EQ(prefill_split(pkey, 8).tail, 8);
+      EXPECT_EQ(prefill_split(pkey, 14).blocks, 1);
+      EXPECT_EQ(prefill_split(pkey, 14).tail, 8);
+      EXPECT_EQ(prefill_split(pkey, 15).tail, 3);
+    }
   if (checked == 0) GTEST_SKIP() << "neither avx512_vnni nor avx512_bf16 runs here";
 }
 
