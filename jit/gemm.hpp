@@ -364,6 +364,25 @@ inline int prefill_stream_rows() {
   }();
   return rows;
 }
+// The bytes of a strip that two K steps read, so the bytes a prefetch site (every second K step)
+// asks for when a call asks for the whole next strip: 512 for int8 and the BF16 pairs; 256 for
+// int4, whose K steps hold half the bytes. Until 2026-11-28 int4 asked for 512 too: each strip's
+// sites asked for two strips, the next one and the one after, every line twice (Qwen3 INT4 layers
+// with 256: T = 128 1.10-1.11x faster, T = 256 1.014x, in-process A/Bs on a Zen 5).
+inline int64_t prefill_strip_site_bytes(const KernelKey& key) {
+  return key.format == WeightFormat::int4 ? 256 : 512;
+}
+// int4 streams half int8's bytes for the same multiplies, so its strips' compute meets DRAM at
+// about half the rows: S = 7 for int4 on a Zen 5 (kPrefillStreamRowsZen5Int4). Its prefill calls
+// start at 7 rows, so they ask for the whole next strip and never read ahead. Against S = 13
+// (Qwen3 INT4 layers, in-process A/Bs, 2026-11-28): T = 128 1.023 / 1.025x, T = 256 1.013 /
+// 1.020x, T = 1024 and DeepSeek-V3 T = 256 1.00x; S = 6 and 9 were 1.05x slower than 7 at
+// T = 128, and with 256 bytes a site (below) S = 13 1.07x slower.
+constexpr int kPrefillStreamRowsZen5Int4 = 7;
+inline int prefill_stream_rows(const KernelKey& key) {
+  const int s = prefill_stream_rows();
+  return s > 0 && key.format == WeightFormat::int4 ? kPrefillStreamRowsZen5Int4 : s;
+}
 // What a call of S rows or more asks for at a site where S is set (a Zen 5): the strip's 512 bytes
 // and 4 more, so that the tiles' strides are never whole lines. With 512, a call of 24 rows (four
 // 6-row blocks, 128 bytes a site each: two lines) and one of 32 (96 bytes) streamed slower than
@@ -377,11 +396,12 @@ inline int prefill_stream_rows() {
 constexpr int kPrefillWholeSiteBytesZen5 = 516;
 // The bytes of the next strip a call of `rows` rows asks for at each prefetch site of a tile
 // (every second K step): 512 (the strip's 8 lines a site; kPrefillWholeSiteBytesZen5 on a Zen 5),
-// or less below prefill_stream_rows.
-inline int64_t prefill_site_bytes(int64_t rows) {
-  const int64_t s = prefill_stream_rows();
-  if (s == 0) return 512;
-  return rows < s ? 512 * rows / s : kPrefillWholeSiteBytesZen5;
+// or less below prefill_stream_rows(key).
+// (int4: half of each, since its K steps hold half the bytes, prefill_strip_site_bytes).
+inline int64_t prefill_site_bytes(const KernelKey& key, int64_t rows) {
+  const int64_t s = prefill_stream_rows(key), whole = prefill_strip_site_bytes(key);
+  if (s == 0) return whole;
+  return rows < s ? whole * rows / s : whole * kPrefillWholeSiteBytesZen5 / 512;
 }
 // A DRAM-bound int8 or BF16-pair call (fewer than prefill_read_ahead_rows() rows, below; the
 // pf_var_ tiles of jit/x64/gemm.cpp) also reads ahead: each tile's K steps prefetch (prefetcht0)
@@ -398,7 +418,8 @@ constexpr int kPrefillReadAheadZen5 = 8192;
 inline int prefill_read_ahead_bytes() {
   return prefill_stream_rows() > 0 ? kPrefillReadAheadZen5 : 0;
 }
-// The rows below which a call reads ahead: S for BF16 pairs and int4 (not tuned), S + 2 for int8.
+// The rows below which a call reads ahead: S for BF16 pairs and int4 (whose calls never have
+// fewer), S + 2 for int8.
 // An int8 call of S or
 // S + 1 rows asks for the whole next strip but computes it barely longer than DRAM streams it, and
 // at 13 rows (S) ran slower than at 12 (Qwen3's gate/up from DRAM, ktjit_kernel_bench: 742-757
@@ -409,7 +430,7 @@ inline int prefill_read_ahead_bytes() {
 // (1.002-1.005x the time) and keep S. (A Zen 5, 2026-11-28.)
 constexpr int kPrefillReadAheadRowsOverSInt8 = 2;
 inline int prefill_read_ahead_rows(const KernelKey& key) {
-  const int s = prefill_stream_rows();
+  const int s = prefill_stream_rows(key);
   return s > 0 && key.format == WeightFormat::int8 ? s + kPrefillReadAheadRowsOverSInt8 : s;
 }
 // qgroup at the AVX-512 levels likewise: its rows after the blocks ran as decode tiles, a

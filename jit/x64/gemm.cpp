@@ -510,7 +510,10 @@ class GemmGenerator : public JitGenerator {
           }
           jmp(after, T_NEAR);
           L(many);
-          block_loop(pf_blocks);
+          // (full-strip int4 tiles: half of them, its K steps holding half the bytes; with 8 the
+          // blocks asked for the strip after the next too: prefill_strip_site_bytes. The same
+          // time at T = 1024 and 4096, Qwen3 INT4 layers, in-process A/Bs on a Zen 5.)
+          block_loop(int4_ && !half_ ? pf_blocks / 2 : pf_blocks);
           L(after);
         } else if (pair_var) {  // every block its share, whatever the call's rows
           pf_var_ = true;
@@ -847,26 +850,26 @@ class GemmGenerator : public JitGenerator {
   // second K step) touches pf_var_lines() lines from reg_pf and moves reg_pf on by the tile's
   // stride, L bytes with L = floor(Q (row + rows) / M) - floor(Q row / M) for a tile of `rows`
   // rows from `row` in a call of M rows: the tiles' shares of the Q bytes a site in all, as their
-  // rows'. int8 and BF16 pairs: Q = prefill_site_bytes(M), the strip's 512 bytes a site or, in a
-  // DRAM-bound call of fewer than prefill_stream_rows() rows, less (pf_site_bytes_setup); qgroup:
-  // qg_pf_var_setup. In bytes, not whole lines, since 2026-11-28 (a thirty-second session): with
-  // L in lines (Q = 8) a tile's share was rounded: a 2-row tail of 14 rows asked for 2 lines a
-  // site in a third of a 6-row block's time and the block for 3 (14 rows 1.10x faster in bytes;
-  // Qwen3 layers at T = 256 1.04-1.06x for INT8, 1.05x for BF16, in-process A/Bs on a Zen 5).
-  // int8 and BF16 tiles touch 8 lines (at least 449 bytes past reg_pf, whatever its offset in a
-  // line), more than any tile's stride of the executor's calls (prefill_split; BF16 pairs from 5
-  // rows): a call of one tile moves by Q, 512 from a line start (its pointer stays on line
-  // starts) or, below prefill_stream_rows(), at most 512 * 6 / 13 (236 bytes: a tile is at most 6
-  // rows), and the largest share of a call of several tiles is 6 of 8 rows' (385 bytes; 7 rows
-  // run as 4 + 3; where S is set, 6 of 13 rows' of Q = 516, 238 bytes), so the sites cover the
-  // lines asked for (Gemm.PrefillPrefetchCoversTheNextStrip).
-  // A block touches 8 whatever its L (16 rows: 3 lines): this core drops a software prefetch it has
-  // no room for (a loop of prefetches alone retires at 100 GB/s), and the lines touched again are
-  // asked for again; a Qwen3 INT8 layer at T = 256 ran 1.05x faster than with 4 (a Zen 5). The
-  // tiles of fewer than 5 rows touched 4 until the shares were in bytes (8 measured the same at
-  // 8-14 rows). qgroup tiles touch a K step pair's code lines (nibbles 4, bytes 8: 1.08x faster
-  // than 8 for Q4_K at T = 256); the VNNI half-strip passes, each walking all of a strip's sites,
-  // count the sites of every pass (qg_pf_var_setup) and touch one step's (4).
+  // rows'. int8 / int4 and BF16 pairs: Q = prefill_site_bytes(key, M), the strip's 512 bytes a
+  // site (int4 256) or, in a DRAM-bound call of fewer than prefill_stream_rows(key) rows, less
+  // (pf_site_bytes_setup); qgroup: qg_pf_var_setup. In bytes, not whole lines, since 2026-11-28 (a
+  // thirty-second session): with L in lines (Q = 8) a tile's share was rounded: a 2-row tail of 14
+  // rows asked for 2 lines a site in a third of a 6-row block's time and the block for 3 (14
+  // rows 1.10x faster in bytes; Qwen3 layers at T = 256 1.04-1.06x for INT8, 1.05x for BF16,
+  // in-process A/Bs on a Zen 5). int8 and BF16 tiles touch 8 lines (at least 449 bytes past reg_pf,
+  // whatever its offset in a line), more than any tile's stride of the executor's calls
+  // (prefill_split; BF16 pairs from 5 rows): a call of one tile moves by Q, 512 from a line start
+  // (its pointer stays on line starts) or, below prefill_stream_rows(), at most 512 * 6 / 13 (236
+  // bytes: a tile is at most 6 rows), and the largest share of a call of several tiles is 6 of 8
+  // rows' (385 bytes; 7 rows run as 4 + 3; where S is set, 6 of 13 rows' of Q = 516, 238 bytes), so
+  // the sites cover the lines asked for (Gemm.PrefillPrefetchCoversTheNextStrip). A block touches 8
+  // whatever its L (16 rows: 3 lines): this core drops a software prefetch it has no room for (a
+  // loop of prefetches alone retires at 100 GB/s), and the lines touched again are asked for again;
+  // a Qwen3 INT8 layer at T = 256 ran 1.05x faster than with 4 (a Zen 5). The tiles of fewer than 5
+  // rows touched 4 until the shares were in bytes (8 measured the same at 8-14 rows). qgroup tiles
+  // touch a K step pair's code lines (nibbles 4, bytes 8: 1.08x faster than 8 for Q4_K at T = 256);
+  // the VNNI half-strip passes, each walking all of a strip's sites, count the sites of every pass
+  // (qg_pf_var_setup) and touch one step's (4).
   bool pf_var_ = false;
   bool pf_var_kernel() const {
     return int_tail_prefetch_kernel(key_) || (pairs_ && tail_rows_kernel(key_)) ||
@@ -882,21 +885,23 @@ class GemmGenerator : public JitGenerator {
     for (int i = 0; i < pf_var_lines(); ++i) prefetcht1(ptr[reg_pf + i * 64]);
     add(reg_pf, qword[rsp + pf_slot_ + 8]);
   }
-  // int8 and BF16 pairs: Q = prefill_site_bytes(M) with M in reg_tmp (and at [rsp + pf_slot_]).
+  // int8 / int4 and BF16 pairs: Q = prefill_site_bytes(key, M) with M in reg_tmp (and at [rsp +
+  // pf_slot_]).
   void pf_site_bytes_setup() {
-    const int s = prefill_stream_rows();
+    const int s = prefill_stream_rows(key_);
     Label whole, set;
     if (s > 0) {
       cmp(reg_tmp, s);
       jge(whole, T_NEAR);
-      imul(reg_tmp, reg_tmp, 512);
+      imul(reg_tmp, reg_tmp, int(prefill_strip_site_bytes(key_)));
       mov(qword[rsp + pf_slot_ + 8], s);  // (the stride's slot: each tile sets it)
       xor_(reg_tmp2.cvt32(), reg_tmp2.cvt32());
       div(qword[rsp + pf_slot_ + 8]);
       jmp(set, T_NEAR);
     }
     L(whole);
-    mov(reg_tmp, prefill_site_bytes(s));  // (512, or on a Zen 5 516: kPrefillWholeSiteBytesZen5)
+    mov(reg_tmp,
+        prefill_site_bytes(key_, s));  // (512, or on a Zen 5 516: kPrefillWholeSiteBytesZen5)
     L(set);
     mov(qword[rsp + pf_slot_ + 16], reg_tmp);
   }

@@ -653,30 +653,34 @@ TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
 
 #if !defined(__aarch64__)
 // The prefill kernels whose tiles prefetch their rows' shares of the next strip (jit/x64/gemm.cpp
-// pf_var_: int8 at the VNNI levels, the vdpbf16ps pair tiles) ask for every line of it, for the
-// row counts the executor gives them (prefill_split), blocks or none: a call over strips 0-1 runs
-// in the interpreter, which logs each prefetch, and the lines of strips 1 and 2 (the bytes after
-// the call's last strip) must all be among them, and no prefetch of the weights outside them (but
-// for the last sites' reach, 8 lines, and on a Zen 5 the 4 / 512 of them its pointer runs ahead:
-// kPrefillWholeSiteBytesZen5; the next strip's scales are prefetched from their arrays). A
+// pf_var_: int8 and int4 at the VNNI levels, the vdpbf16ps pair tiles) ask for every line of it,
+// for the row counts the executor gives them (prefill_split), blocks or none: a call over strips
+// 0-1 runs in the interpreter, which logs each prefetch, and the lines of strips 1 and 2 (the bytes
+// after the call's last strip) must all be among them, and no prefetch of the weights outside them
+// (but for the last sites' reach, 8 lines, and on a Zen 5 the 4 / 512 of them its pointer runs
+// ahead: kPrefillWholeSiteBytesZen5; the next strip's scales are prefetched from their arrays). A
 // speed property checked as a fact: a line left out is a demand miss to DRAM, a line asked for from
-// too far away a line fetched for nothing. A call of fewer rows than S = prefill_stream_rows()
-// (13 on a Zen 5; elsewhere 0, the whole strip at any row count) asks for the first rows / S of
-// each strip, 512 * rows / S bytes of every 512 (prefill_site_bytes), and leaves the rest to the
-// hardware prefetcher: those prefixes must be covered, and the rest left alone. Where calls of
-// fewer than prefill_read_ahead_rows() rows (S for BF16 pairs, S + 2 for int8, whose 13- and
-// 14-row calls ask for the whole strip) also read ahead (prefill_read_ahead_bytes, a Zen 5), the
-// lines asked for must be exactly the prefixes and the read-ahead's: each strip from that many
-// bytes on, and past the last strip that many bytes.
+// too far away a line fetched for nothing. A call of fewer rows than S = prefill_stream_rows(key)
+// (13 on a Zen 5, 7 for int4 there; elsewhere 0, the whole strip at any row count) asks for the
+// first rows / S of each strip, 512 * rows / S bytes of every 512 (prefill_site_bytes), and leaves
+// the rest to the hardware prefetcher: those prefixes must be covered, and the rest left alone.
+// Where calls of fewer than prefill_read_ahead_rows() rows (S for BF16 pairs, S + 2 for int8, whose
+// 13- and 14-row calls ask for the whole strip) also read ahead (prefill_read_ahead_bytes, a Zen
+// 5), the lines asked for must be exactly the prefixes and the read-ahead's: each strip from that
+// many bytes on, and past the last strip that many bytes.
 TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
   const int64_t N = 3 * 64, K = 256;  // three full 64-column strips
-  for (const bool bf16 : {false, true})
+  for (const WeightFormat fmt : {WeightFormat::int8, WeightFormat::bf16, WeightFormat::int4})
     for (const int rows : {5, 6, 7, 8, 9, 11, 12, 13, 14, 16, 19, 20, 24, 25, 32, 47, 48, 61}) {
+      const bool bf16 = fmt == WeightFormat::bf16;
       KernelKey key = key_for(IsaLevel::avx512_bf16, KernelKind::gemm_prefill, 6, kStripVecs,
-                              Epilogue::store, bf16 ? WeightFormat::bf16 : WeightFormat::int8);
+                              Epilogue::store, fmt);
       if (bf16) key.variant = kBf16Pairs;
-      if (!bf16 && rows < 7) continue;  // int8 prefill calls start at 7 rows
-      const auto l = formats::StripLayout::make(N, K, 16, kStripVecs, 1, bf16 ? 16 : 8,
+      if (!bf16 && rows < 7) continue;  // int8 / int4 prefill calls start at 7 rows
+      const auto l = formats::StripLayout::make(N, K, 16, kStripVecs, 1,
+                                                bf16                        ? 16
+                                                : fmt == WeightFormat::int4 ? 4
+                                                                            : 8,
                                                 bf16 ? bf16_kgroup(key.isa) : 0);
       const int64_t strip = l.strip_offset(1) - l.strip_offset(0);
       AlignedBuffer w(size_t(l.total_bytes() + 64 * 64));  // (with room past the strips)
@@ -703,7 +707,8 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
       // weight lines (not the scales' own arrays) out of strips 1-2 and the last sites' 8 lines,
       // and, where a site asks for more than 512 bytes (kPrefillWholeSiteBytesZen5), the lines
       // its pointer runs ahead over the two strips
-      const int64_t site = prefill_site_bytes(rows), prefix = strip * site / 512;
+      const int64_t whole_site = prefill_strip_site_bytes(key);
+      const int64_t site = prefill_site_bytes(key, rows), prefix = strip * site / whole_site;
       const int64_t read_ahead = prefill_read_ahead_bytes();
       if (read_ahead > 0 && rows < prefill_read_ahead_rows(key)) {
         // A DRAM-bound call reads ahead too: each tile prefetches the strip it reads
@@ -725,7 +730,7 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
         continue;
       }
       const uint64_t ahead =
-          uint64_t(std::max<int64_t>(0, 2 * strip * (site - 512) / 512) + 63) / 64;
+          uint64_t(std::max<int64_t>(0, 2 * strip * (site - whole_site) / whole_site) + 63) / 64;
       const auto [missed, outside] =
           test::prefetch_cover(key, args, strip, w.size(), 8 + ahead, prefix);
       EXPECT_EQ(missed, 0) << key.name() << " " << rows << " rows (" << sp.blocks
