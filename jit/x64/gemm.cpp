@@ -55,13 +55,19 @@ namespace {
 // (kDecodePrefetchZen5Rows): Qwen3 layers with every expert at 6 rows 1.12x (INT8) and 1.09x
 // (INT4), at 4 rows 1.05x (INT4) and 1.07x (BF16); random routing at T = 64 1.04x (INT4) and
 // 1.03x (BF16), INT8 at T = 96 1.015x (in-process A/Bs, docs/evidence/zen5_avx512.md). MXFP4's
-// tiles, compute-bound at those rows, measured no gain (T = 64 1.00x). KT_JIT_DECODE_PREFETCH=
+// tiles, compute-bound at those rows, measured no gain (T = 64 1.00x). The qgroup tiles (<= 3
+// rows) of byte codes likewise from 2 rows: Qwen3 GGUF layers at T = 24 / 48 (1.5 / 3 rows an
+// expert) Q8_0 1.11 / 1.08-1.10x, Q5_K 1.11 / 1.13x, Q5_0 1.09x (T = 48) faster, but not Q6_K,
+// whose fp32 super-block sums (kQGroupSuperSums) ran 1.00-1.05x slower with it; the nibble codes
+// (4096) gained 0-4 % and keep it. KT_JIT_DECODE_PREFETCH=
 // <bytes> (0 = none, a multiple of 64 up to 65536) overrides it for every kernel this process
 // generates.
 constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchZen5Nib = 4096,
               kDecodePrefetchZen5Fp8 = 8192, kDecodePrefetchZen5Rows = 8192;
-// The rows from which a Zen 5's int8 / int4 and bf16 decode tiles take kDecodePrefetchZen5Rows.
-constexpr int kZen5RowsPrefetchIntMinRows = 4, kZen5RowsPrefetchBf16MinRows = 2;
+// The rows from which a Zen 5's int8 / int4, bf16 and qgroup byte-code decode tiles take
+// kDecodePrefetchZen5Rows.
+constexpr int kZen5RowsPrefetchIntMinRows = 4, kZen5RowsPrefetchBf16MinRows = 2,
+              kZen5RowsPrefetchQGroupMinRows = 2;
 int decode_prefetch_bytes(const KernelKey& key) {
   static const int env_bytes = [] {
     const char* env = std::getenv("KT_JIT_DECODE_PREFETCH");
@@ -87,7 +93,10 @@ int decode_prefetch_bytes(const KernelKey& key) {
     const bool int_rows = (fmt == WeightFormat::int8 || fmt == WeightFormat::int4) &&
                           key.m_r >= kZen5RowsPrefetchIntMinRows;
     const bool bf16_rows = fmt == WeightFormat::bf16 && key.m_r >= kZen5RowsPrefetchBf16MinRows;
-    if (int_rows || bf16_rows) return kDecodePrefetchZen5Rows;
+    const bool qgroup_rows = fmt == WeightFormat::qgroup && !nibbles &&
+                             !(key.variant & kQGroupSuperSums) &&
+                             key.m_r >= kZen5RowsPrefetchQGroupMinRows;
+    if (int_rows || bf16_rows || qgroup_rows) return kDecodePrefetchZen5Rows;
     return nibbles ? kDecodePrefetchZen5Nib : e4m3 ? kDecodePrefetchZen5Fp8 : 0;
   }
   const bool lean_int = fmt == WeightFormat::int8 || fmt == WeightFormat::qgroup;
