@@ -396,8 +396,8 @@ inline int prefill_stream_rows(const KernelKey& key) {
 constexpr int kPrefillWholeSiteBytesZen5 = 516;
 // The bytes of the next strip a call of `rows` rows asks for at each prefetch site of a tile
 // (every second K step): 512 (the strip's 8 lines a site; kPrefillWholeSiteBytesZen5 on a Zen 5),
-// or less below prefill_stream_rows(key).
-// (int4: half of each, since its K steps hold half the bytes, prefill_strip_site_bytes).
+// or less below prefill_stream_rows(key); int4 half of each, its K steps holding half the bytes
+// (prefill_strip_site_bytes).
 inline int64_t prefill_site_bytes(const KernelKey& key, int64_t rows) {
   const int64_t s = prefill_stream_rows(key), whole = prefill_strip_site_bytes(key);
   if (s == 0) return whole;
@@ -419,15 +419,13 @@ inline int prefill_read_ahead_bytes() {
   return prefill_stream_rows() > 0 ? kPrefillReadAheadZen5 : 0;
 }
 // The rows below which a call reads ahead: S for BF16 pairs and int4 (whose calls never have
-// fewer), S + 2 for int8.
-// An int8 call of S or
-// S + 1 rows asks for the whole next strip but computes it barely longer than DRAM streams it, and
-// at 13 rows (S) ran slower than at 12 (Qwen3's gate/up from DRAM, ktjit_kernel_bench: 742-757
-// against 813 Gop/s; down 759-767 against 728). Reading ahead there too: 13 rows 1.12-1.15x
-// (gate/up) and 1.09-1.14x (down), 14 rows 1.01-1.04x, 15 rows within 1 % either way, 16-17 rows
-// 0.98-1.00x; Qwen3 INT8 layers at T = 224 and 256 0.98-1.01x of the time, 9 of 10 A/Bs below 1
-// (in-process, at the noise floor). BF16's pair tiles measured no better with it at T = 256
-// (1.002-1.005x the time) and keep S. (A Zen 5, 2026-11-28.)
+// fewer), S + 2 for int8. An int8 call of S or S + 1 rows asks for the whole next strip but
+// computes it barely longer than DRAM streams it, and at 13 rows (S) ran slower than at 12 (Qwen3's
+// gate/up from DRAM, ktjit_kernel_bench: 742-757 against 813 Gop/s; down 759-767 against 728).
+// Reading ahead there too: 13 rows 1.12-1.15x (gate/up) and 1.09-1.14x (down), 14 rows 1.01-1.04x,
+// 15 rows within 1 % either way, 16-17 rows 0.98-1.00x; Qwen3 INT8 layers at T = 224 and 256
+// 0.98-1.01x of the time, 9 of 10 A/Bs below 1 (in-process, at the noise floor). BF16's pair tiles
+// measured no better with it at T = 256 (1.002-1.005x the time) and keep S. (A Zen 5, 2026-11-28.)
 constexpr int kPrefillReadAheadRowsOverSInt8 = 2;
 inline int prefill_read_ahead_rows(const KernelKey& key) {
   const int s = prefill_stream_rows(key);
@@ -447,20 +445,19 @@ inline bool tail_rows_kernel(const KernelKey& key) {
           (bf16_pair_kernel(key) || fp8_pair_kernel(key) || mx_pair_kernel(key)));
 }
 // Of those, the int8 (and since 2026-11-28 int4) 6-row kernels of the VNNI levels take
-// m_tail = m_r + 1 = 7 too, as a 4-row
-// and a 3-row tile: a 1-row tile's K loop waits on L2 (4 weight vectors a step feed only 4
-// vpdpbusd), so its row cost about two (7 rows ran at 82 % of the peak with the weights in
-// cache, 8 rows at 97 %). Calls whose rows leave 1 after the blocks run one block fewer and
-// those 7 rows (prefill_split). (qgroup's 3-row tiles as 2 + 2 measured no faster at T = 256.)
-// The BF16 pair tiles (vdpbf16ps) likewise since 2026-11-28: over Qwen3's matrices from DRAM
-// (ktjit_kernel_bench, a Zen 5) 7 rows 1.08x faster (gate/up and down), 19 rows 1.05x, 13 rows
-// 1.00-1.02x (DRAM-bound either way).
-// int8 (and int4) also takes m_tail = m_r + 2 = 8, as two 4-row tiles, since 2026-11-28 (a
-// thirty-fifth session): the 2-row tile after the blocks reads the strip back from L2 at 4 weight
-// lines per 8 vpdpbusd. Over Qwen3's matrices from DRAM (ktjit_kernel_bench, a Zen 5; gate/up,
-// down) 14 rows ran 1.03-1.05x faster, 8 rows 1.02-1.08x, 20 1.01-1.03x, 26 and 32 0.99-1.02x;
-// Qwen3 INT8 layers at T = 256 0.99x the time. Tails of 3 as 5 + 4 were no faster (15 rows
-// 0.98-0.99x), nor BF16's pair tiles at 14 rows (0.96-0.99x; 20 rows 1.02-1.03x).
+// m_tail = m_r + 1 = 7 too, as a 4-row and a 3-row tile: a 1-row tile's K loop waits on L2 (4
+// weight vectors a step feed only 4 vpdpbusd), so its row cost about two (7 rows ran at 82 % of the
+// peak with the weights in cache, 8 rows at 97 %). Calls whose rows leave 1 after the blocks run
+// one block fewer and those 7 rows (prefill_split). (qgroup's 3-row tiles as 2 + 2 measured no
+// faster at T = 256.) The BF16 pair tiles (vdpbf16ps) likewise since 2026-11-28: over Qwen3's
+// matrices from DRAM (ktjit_kernel_bench, a Zen 5) 7 rows 1.08x faster (gate/up and down), 19
+// rows 1.05x, 13 rows 1.00-1.02x (DRAM-bound either way). int8 (and int4) also takes m_tail = m_r +
+// 2 = 8, as two 4-row tiles, since 2026-11-28 (a thirty-fifth session): the 2-row tile after the
+// blocks reads the strip back from L2 at 4 weight lines per 8 vpdpbusd. Over Qwen3's matrices from
+// DRAM (ktjit_kernel_bench, a Zen 5; gate/up, down) 14 rows ran 1.03-1.05x faster, 8
+// rows 1.02-1.08x, 20 1.01-1.03x, 26 and 32 0.99-1.02x; Qwen3 INT8 layers at T = 256 0.99x the
+// time. Tails of 3 as 5 + 4 were no faster (15 rows 0.98-0.99x), nor BF16's pair tiles at 14 rows
+// (0.96-0.99x; 20 rows 1.02-1.03x).
 inline bool split_tail_kernel(const KernelKey& key) {
   const bool bf16_pairs = key.isa == IsaLevel::avx512_bf16 && bf16_pair_kernel(key);
   return (int_tail_prefetch_kernel(key) || bf16_pairs) && key.m_r == 6;
