@@ -39,7 +39,12 @@ SWIGLU_LIMIT_METHODS = ("MXFP4", "MXFP8")
 MODES = ("inference", "sft")
 
 _WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-_INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+# Every integer dtype torch has (SPEC §3: ids of "any int dtype"); the wide unsigned ones only
+# where this torch defines them. A uint64 id past int64's range reads as negative: skipped, as an
+# id >= num_experts would be.
+_INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64) + tuple(
+    getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)
+)
 _DEVICE_HELP = "pass CPU tensors, or CUDA tensors with their stream (cuda_stream)"
 
 _pool_lock = threading.Lock()
@@ -390,7 +395,7 @@ class KTMoEWrapper:
         if not isinstance(m, torch.Tensor):
             raise TypeError(f"{name}: expected an int64 torch.Tensor of shape [{E}], got {type(m)}")
         if m.dtype not in _INT_DTYPES:
-            raise TypeError(f"{name}: expected an integer dtype (int64), got {m.dtype}")
+            raise TypeError(f"{name}: expected an integer dtype (e.g. int64), got {m.dtype}")
         if m.device.type != "cpu":
             raise ValueError(f"{name}: expected a CPU tensor, got device {m.device}")
         if tuple(m.shape) != (E,):
@@ -529,7 +534,9 @@ class KTMoEWrapper:
             )
         T = hidden_states.numel() // H
         if topk_ids.dtype not in _INT_DTYPES:
-            raise TypeError(f"topk_ids: expected an integer dtype (int64), got {topk_ids.dtype}")
+            raise TypeError(
+                f"topk_ids: expected an integer dtype (e.g. int64), got {topk_ids.dtype}"
+            )
         if topk_ids.dim() != 2 or tuple(topk_ids.shape) != (T, K):
             raise ValueError(
                 f"topk_ids: expected shape [{T}, {K}] (T from hidden_states, "

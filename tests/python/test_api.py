@@ -272,6 +272,10 @@ def test_leading_dims_flattened_and_dtypes(wrapper):
     for dt in (torch.bfloat16, torch.float16):
         o = wrapper.forward(x.to(dt), ids.to(torch.int16), w.to(torch.bfloat16).float())
         assert o.dtype == dt and o.shape == (T, H)
+    # ids of any integer dtype (SPEC §3), the wide unsigned ones included
+    for name in ("int8", "uint8", "uint16", "uint32", "uint64"):
+        if hasattr(torch, name):
+            assert torch.equal(wrapper.forward(x, ids.to(getattr(torch, name)), w), base), name
 
 
 def test_noncontiguous_inputs_bitwise(wrapper):
