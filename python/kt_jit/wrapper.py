@@ -516,6 +516,11 @@ class KTMoEWrapper:
         ):
             if t.device.type not in ("cpu", "cuda"):
                 raise NotImplementedError(f"{name}: on device {t.device}; {_DEVICE_HELP}")
+            if t.layout != torch.strided:
+                raise TypeError(
+                    f"{name}: expected a dense (strided) tensor, got layout {t.layout}; "
+                    "pass .to_dense()"
+                )
         devices = {hidden_states.device, topk_ids.device, topk_weights.device}
         if len(devices) != 1:
             raise ValueError(

@@ -211,6 +211,9 @@ def test_forward_validation(wrapper):
         ((x, ids, w[:2]), ValueError, "topk_weights"),
         ((x, ids, (w * 10).to(torch.int32)), TypeError, "topk_weights"),
         (("x", ids, w), TypeError, "hidden_states"),
+        ((x.to_sparse(), ids, w), TypeError, "hidden_states: expected a dense"),
+        ((x, ids.to_sparse(), w), TypeError, "topk_ids: expected a dense"),
+        ((x, ids, w.to_sparse()), TypeError, "topk_weights: expected a dense"),
     ]
     for args, exc, name in cases:
         with pytest.raises(exc) as ei:

@@ -224,15 +224,17 @@ class SafetensorsIndex:
         """ValueError for a key no file has; CheckpointError when some file could not be read
         (the key may be in it)."""
         names = ", ".join(os.path.basename(p) for p in self.files)
-        broken = ""
-        if self.broken_files:
-            broken = "; unreadable files: " + "; ".join(
-                f"{p} ({m})" for p, m in self.broken_files.items()
+        if not self.broken_files:
+            return ValueError(
+                f"tensor {key!r} not found in {self.weight_path} ({len(self.files)} safetensors "
+                f"files: {names}){hint}"
             )
-        cls = CheckpointError if self.broken_files else ValueError
-        return cls(
-            f"tensor {key!r} not found in {self.weight_path} ({len(self.files)} safetensors "
-            f"files: {names}){hint}{broken}"
+        # A corrupt header hides a file's names, so the cause comes first, not "not found".
+        unreadable = "; ".join(f"{p} ({m})" for p, m in self.broken_files.items())
+        return CheckpointError(
+            f"tensor {key!r} not found in the readable files of {self.weight_path}, and "
+            f"{len(self.broken_files)} of its {len(self.files)} safetensors files are "
+            f"unreadable (truncated or corrupt) and may hold it: {unreadable}{hint}"
         )
 
     def info(self, key: str) -> tuple[str, tuple[int, ...], str]:
