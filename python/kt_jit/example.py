@@ -85,9 +85,10 @@ def main(argv=None) -> int:
     print(f"loaded + quantized {gb:.2f} GB of bf16 in {dt:.2f} s ({gb / dt:.2f} GB/s)")
     names = moe.moe.kernel_names()
     stats = _core.cache_stats()
+    # (the process's count also holds the activation row quantizers: quantize_* kernels)
     print(
-        f"kernels generated: {stats['misses']} ({stats['bytes']} bytes, "
-        f"{stats['gen_us'] / 1e3:.2f} ms in all)"
+        f"kernels generated in this process: {stats['misses']} ({stats['bytes']} bytes, "
+        f"{stats['gen_us'] / 1e3:.2f} ms in all); the layer's {len(names)} GEMM kernels:"
     )
     for n in names:
         print(f"  {n}")
