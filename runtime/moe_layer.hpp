@@ -61,8 +61,9 @@ struct GemmKernelSet {
   const Kernel* prefill_full_k = nullptr;
   const Kernel* prefill_tail_k = nullptr;
   // A prefill tier before the kernels above for experts with m >= tile_min_rows rows: it takes
-  // the first floor(m / tile_rows) * tile_rows rows; the remaining rows, and experts with fewer
-  // rows, take the kernels above. tile_rows 0 = none. At isa amx: AMX-INT8 (int8) / AMX-BF16
+  // the first floor(m / tile_rows) * tile_rows rows, or all of them where its kernels run the rows
+  // after their blocks too (tile_tier_split); the remaining rows, and experts with fewer rows, take
+  // the kernels above. tile_rows 0 = none. At isa amx: AMX-INT8 (int8) / AMX-BF16
   // (bf16) tiles of 16 rows. At avx512_bf16 and up, bf16: the kBf16Pairs (vdpbf16ps) kernels,
   // max_rows rows a block (bf16 activations, jit/gemm.hpp); at neon_bf16 the bfdot ones.
   int tile_rows = 0, tile_min_rows = 0;
@@ -84,6 +85,13 @@ const char* built_methods();
 GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi, int tail_vecs,
                                    uint16_t variant = 0, bool k_pairs = false);
 std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa);
+// The tile tier's call over an expert's `rows` rows (>= ks.tile_min_rows): its blocks of
+// ks.tile_rows and the rows after them that the same call runs (GemmArgs::m_tail). Kernels that
+// take those rows (tail_rows_kernel) split as prefill_split does: the BF16 pair tiles run a last
+// row of 6 k + 1 with the last block as a 4-row and a 3-row tile. `padded`: the last block padded
+// with zero rows (the pair tiers of isa amx and neon_bf16), else the rows after the blocks are
+// left to the kernels above.
+PrefillSplit tile_tier_split(const GemmKernelSet& ks, int64_t rows, bool padded);
 
 // A slice [i_begin, i_end) of the intermediate dimension of every expert (the unit a NUMA pool
 // owns). Gate/up of one expert are packed together, down follows; experts are back to back.

@@ -127,6 +127,34 @@ TEST(MoELayer, Bf16PairTierMatchesReferenceAndRunsTheLastRows) {
   }
 }
 
+// The tile tier's split of an expert's rows: the BF16 pair tiles of avx512_bf16 take a last row of
+// 6 k + 1 with the last block as 4 + 3 (as the kernels' own tests run them), the fp8 pair tiles
+// keep a 1-row tail, and AMX's 16-row BF16 tiles pad their last block. (Keys only: runs anywhere.)
+TEST(MoELayer, TileTierSplitsAsThePrefillKernelsDo) {
+  const GemmKernelSet bf16 =
+      make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::bf16, Epilogue::siluup, kStripVecs);
+  ASSERT_EQ(bf16.tile_rows, 6);
+  const struct {
+    int64_t rows, blocks, tail;
+  } cases[] = {{5, 0, 5},  {6, 1, 0},  {7, 0, 7},  {12, 2, 0},
+               {13, 1, 7}, {14, 2, 2}, {19, 2, 7}, {25, 3, 7}};
+  for (const auto& c : cases) {
+    const PrefillSplit sp = tile_tier_split(bf16, c.rows, true);
+    EXPECT_EQ(sp.blocks, c.blocks) << c.rows << " rows";
+    EXPECT_EQ(sp.tail, c.tail) << c.rows << " rows";
+  }
+  const GemmKernelSet fp8 = make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::fp8,
+                                                 Epilogue::siluup, kStripVecs, 0, true);
+  const PrefillSplit f = tile_tier_split(fp8, 13, true);
+  EXPECT_EQ(f.blocks, 2);
+  EXPECT_EQ(f.tail, 1);
+  const GemmKernelSet amx =
+      make_gemm_kernel_set(IsaLevel::amx, WeightFormat::bf16, Epilogue::siluup, kStripVecs);
+  const PrefillSplit a = tile_tier_split(amx, 17, true);
+  EXPECT_EQ(a.blocks, 2);
+  EXPECT_EQ(a.tail, 0);
+}
+
 // BF16 at neon_bf16: experts with >= 6 rows run the bfdot pair kernels on all their rows (the
 // last 6-row block padded); the layer equals its twin (gemm_ref's bfdot_lane) bit for bit, with 1
 // and 2 threads, and differs from the fp32-activation kernels of neon_dotprod exactly when some
