@@ -21,6 +21,7 @@
 #include "jit/code_memory.hpp"
 #include "jit/cpu/cpu.hpp"
 #include "jit/x64/generator.hpp"
+#include "tools/tool_code.hpp"
 
 using namespace ktjit;
 using namespace Xbyak;
@@ -63,9 +64,12 @@ std::vector<Probe> probes() {
       {"vpermi2b", [=](CodeGenerator& g, const Zmm& d, int) { g.vpermi2b(d, a, b); }},
       {"vpmultishiftqb", [=](CodeGenerator& g, const Zmm& d, int) { g.vpmultishiftqb(d, a, b); }},
       {"vpunpcklbw", [=](CodeGenerator& g, const Zmm& d, int) { g.vpunpcklbw(d, a, b); }},
-      {"vptestmw", [=](CodeGenerator& g, const Zmm&, int i) { g.vptestmw(Opmask(1 + i % 4), a, b); }},
-      {"vpmovsxbd_load", [=](CodeGenerator& g, const Zmm& d, int i) { g.vpmovsxbd(d, xword[rax + 64 * (i % 8)]); }},
-      {"vpbroadcastd_load", [=](CodeGenerator& g, const Zmm& d, int i) { g.vpbroadcastd(d, dword[rax + 4 * i]); }},
+      {"vptestmw",
+       [=](CodeGenerator& g, const Zmm&, int i) { g.vptestmw(Opmask(1 + i % 4), a, b); }},
+      {"vpmovsxbd_load",
+       [=](CodeGenerator& g, const Zmm& d, int i) { g.vpmovsxbd(d, xword[rax + 64 * (i % 8)]); }},
+      {"vpbroadcastd_load",
+       [=](CodeGenerator& g, const Zmm& d, int i) { g.vpbroadcastd(d, dword[rax + 4 * i]); }},
       {"zmm_load", [=](CodeGenerator& g, const Zmm& d, int i) { g.vmovups(d, mem(i)); }},
       {"zmm_store", [=](CodeGenerator& g, const Zmm&, int i) { g.vmovups(mem(i), a); }},
       {"ymm_store", [=](CodeGenerator& g, const Zmm&, int i) { g.vmovups(mem(i), Ymm(25)); }},
@@ -105,13 +109,7 @@ class Loop : public x64::JitGenerator {
 // Best time of 25 calls of 2000 iterations, in ns per group.
 double ns_per_group(bool bf16, bool reg, const Probe* p, int n, void* buf) {
   Loop loop(bf16, reg, p, n);
-  const std::vector<uint8_t> code = loop.bytes();
-  std::string err;
-  ExecutableCode x = ExecutableCode::publish(code.data(), code.size(), &err);
-  if (!x) {
-    std::fprintf(stderr, "coissue: %s\n", err.c_str());
-    std::exit(1);
-  }
+  ExecutableCode x = publish_or_exit(loop.bytes(), "coissue");
   auto fn = reinterpret_cast<void (*)(void*, int64_t)>(const_cast<void*>(x.entry()));
   constexpr int64_t kIters = 2000;
   double best = 1e30;

@@ -32,6 +32,7 @@
 #include "jit/code_memory.hpp"
 #include "jit/cpu/cpu.hpp"
 #include "jit/x64/generator.hpp"
+#include "tools/tool_code.hpp"
 
 using namespace ktjit;
 using namespace Xbyak;
@@ -188,13 +189,7 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   auto add = [&](int vecs, int m) {
     StreamTiles gen(vecs, m);
-    const std::vector<uint8_t> code = gen.bytes();
-    std::string err;
-    ExecutableCode x = ExecutableCode::publish(code.data(), code.size(), &err);
-    if (!x) {
-      std::fprintf(stderr, "strip_stream: %s\n", err.c_str());
-      std::exit(1);
-    }
+    ExecutableCode x = publish_or_exit(gen.bytes(), "strip_stream");
     cases.push_back({m ? std::to_string(vecs) + "v" : "probe", vecs, m, std::move(x), {}});
   };
   add(4, 0);

@@ -17,6 +17,7 @@
 #include "jit/code_memory.hpp"
 #include "jit/cpu/cpu.hpp"
 #include "jit/x64/generator.hpp"
+#include "tools/tool_code.hpp"
 
 using namespace ktjit;
 using namespace Xbyak;
@@ -81,13 +82,7 @@ class TileLoop : public x64::JitGenerator {
 double ns_per_dot(int rows, int vecs, int64_t groups, bool group_end, bool peak, uint8_t* codes,
                   uint8_t* acts) {
   TileLoop loop(rows, vecs, groups, group_end, peak);
-  const std::vector<uint8_t> code = loop.bytes();
-  std::string err;
-  ExecutableCode x = ExecutableCode::publish(code.data(), code.size(), &err);
-  if (!x) {
-    std::fprintf(stderr, "tile_loop: %s\n", err.c_str());
-    std::exit(1);
-  }
+  ExecutableCode x = publish_or_exit(loop.bytes(), "tile_loop");
   auto fn = reinterpret_cast<void (*)(void*, void*, int64_t)>(const_cast<void*>(x.entry()));
   const int64_t dots_per_iter = groups * 48 * (peak ? 1 : 4 / vecs);  // (6 x 2: two passes)
   const int64_t iters = std::max<int64_t>(1, int64_t(4e7) / dots_per_iter);
