@@ -253,6 +253,11 @@ inline bool bf16_pair_kernel(const KernelKey& key) {
   return key.format == WeightFormat::bf16 && key.kind == KernelKind::gemm_prefill &&
          (key.isa == IsaLevel::amx || (key.variant & kBf16Pairs));
 }
+// The BF16 pair tiles of 2-vector strips (strip_vecs_for): up to kBf16PairRows2v rows.
+constexpr int kBf16PairRows2v = 12;
+inline bool bf16_pair_rows2v(const KernelKey& key) {
+  return key.isa == IsaLevel::avx512_bf16 && bf16_pair_kernel(key) && key.m_r == kBf16PairRows2v;
+}
 // fp8 decode kernels of <= 4 rows at avx512_bf16 (variant kBf16Pairs; K and g_steps even): bf16
 // activation pairs (rounded RNE by the caller), and the e4m3 bytes of k and k + 1 turned into
 // the bf16 pair of their values (exact: e4m3 fits bf16) by two vpermi2b table lookups on the
@@ -370,6 +375,7 @@ inline int prefill_stream_rows() {
 // sites asked for two strips, the next one and the one after, every line twice (Qwen3 INT4 layers
 // with 256: T = 128 1.10-1.11x faster, T = 256 1.014x, in-process A/Bs on a Zen 5).
 inline int64_t prefill_strip_site_bytes(const KernelKey& key) {
+  if (bf16_pair_rows2v(key)) return 128 * key.n_vec;  // (2-vector strips: 256)
   return key.format == WeightFormat::int4 ? 256 : 512;
 }
 // int4 streams half int8's bytes for the same multiplies, so its strips' compute meets DRAM at
@@ -460,13 +466,14 @@ inline bool tail_rows_kernel(const KernelKey& key) {
 // (0.96-0.99x; 20 rows 1.02-1.03x).
 inline bool split_tail_kernel(const KernelKey& key) {
   const bool bf16_pairs = key.isa == IsaLevel::avx512_bf16 && bf16_pair_kernel(key);
-  return (int_tail_prefetch_kernel(key) || bf16_pairs) && key.m_r == 6;
+  return ((int_tail_prefetch_kernel(key) || bf16_pairs) && key.m_r == 6) || bf16_pair_rows2v(key);
 }
 // The most rows after the blocks that a split_tail_kernel runs with the last block as two tiles
 // (m_tail = m_r + 1 .. m_r + this, prefill_split): 2 for int8 and int4, 1 for the BF16 pair
 // tiles.
 inline int split_tail_rows(const KernelKey& key) {
   if (!split_tail_kernel(key)) return 0;
+  if (bf16_pair_rows2v(key)) return kBf16PairRows2v - 1;  // 13 .. 23 rows as two halves
   return int_tail_prefetch_kernel(key) ? 2 : 1;
 }
 
@@ -578,6 +585,21 @@ inline bool qgroup_needs_gsum(const KernelKey& key) {
 
 // Strips are 4 vectors of columns wide; a tail strip may hold fewer vectors.
 constexpr int kStripVecs = 4;
+// BF16 at avx512_bf16 packs strips of 2 vectors (32 columns) instead, since 2026-11-28 (a
+// thirty-seventh session): its vdpbf16ps pair tiles then hold up to kBf16PairRows2v rows x 2
+// vectors (24 accumulators), so a call of up to 12 rows reads each weight line once, in order, as
+// a decode tile does, where 6-row blocks over 4-vector strips read each strip once per block, the
+// first from DRAM, the others from L2 (tools/strip_stream.cpp: 93-96 % of the read probe at 7-12
+// rows against 79-88 %), and the rows after the blocks run as two halves (split_tail_rows). Qwen3
+// BF16 layers (in-process A/Bs on a Zen 5): T = 128 1.03-1.06x, T = 256 1.04-1.05x faster, T =
+// 1024 1.00x, decode the same (with its one-row tiles' prefetch, decode_prefetch_bytes). Their
+// code is 2.7x larger (452 against 170 KiB a Qwen3 layer). KT_JIT_BF16_NARROW_STRIPS=0 keeps
+// 4-vector strips (read when a layer is built).
+inline int strip_vecs_for(IsaLevel isa, WeightFormat fmt) {
+  const bool narrow = isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::bf16;
+  return narrow && env_switch("KT_JIT_BF16_NARROW_STRIPS", true) ? 2 : kStripVecs;
+}
+
 // Register-tile rows the prefill kernel uses at each level (limited by the register file).
 int gemm_max_rows(IsaLevel isa, WeightFormat fmt = WeightFormat::int8);
 

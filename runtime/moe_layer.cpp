@@ -364,8 +364,9 @@ MoELayer::MoELayer(const MoEShape& shape, const std::string& method, IsaLevel is
       sh.expert_gscale = sh.gu.gscale_floats() + sh.down.gscale_floats();
     } else {
       const int kg = bits == 16 ? bf16_kgroup(isa_) : 0;  // bf16: k pairs (not at ref)
-      sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, kStripVecs, 2, bits, kg);
-      sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, kStripVecs, 1, bits, kg);
+      const int sv = strip_vecs_for(isa_, format_);
+      sh.gu = formats::StripLayout::make(is, shape.hidden, lanes_, sv, 2, bits, kg);
+      sh.down = formats::StripLayout::make(shape.hidden, is, lanes_, sv, 1, bits, kg);
     }
     sh.expert_bytes = sh.gu.total_bytes() + sh.down.total_bytes();
     sh.expert_cols = sh.gu.total_cols() + sh.down.total_cols();
@@ -424,6 +425,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
   // (fp8_pair_kernel), when K and the scale group are even (k_pairs); wider tiles keep the fp32
   // kernels. fp8 prefill pair tiles: vdpbf16ps at avx512_bf16, AMX-BF16 at amx.
   const bool amx = isa == IsaLevel::amx;
+  const int sv = strip_vecs_for(isa, fmt);  // (before amx's decode level below)
   if (amx) isa = IsaLevel::avx512_bf16;
   const bool half_strips = half_strips_allowed();  // checked on every level and format
   GemmKernelSet ks;
@@ -441,9 +443,9 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     k.variant = variant;
     return k;
   };
-  const int tail = tail_vecs ? tail_vecs : kStripVecs;
+  const int tail = tail_vecs ? tail_vecs : sv;
   for (int m = 1; m <= ks.max_rows; ++m) {
-    ks.decode_full.push_back(key(KernelKind::gemm_decode, m, kStripVecs));
+    ks.decode_full.push_back(key(KernelKind::gemm_decode, m, sv));
     ks.decode_tail.push_back(key(KernelKind::gemm_decode, m, tail));
     if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx512_bf16 && k_pairs && m <= 4)
       ks.decode_full.back().variant = ks.decode_tail.back().variant = uint16_t(
@@ -455,7 +457,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx2 && m <= 2 && fp8_fp32_widen_here())
       ks.decode_full.back().variant = ks.decode_tail.back().variant = kFp8Fp32Widen;
   }
-  ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, kStripVecs);
+  ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, sv);
   ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
   // AMX-BF16 for fp8 and mx decodes each strip to bf16 pairs first (jit/gemm.hpp
   // amx_decoded_weight), so those take the AMX tiles from 16 rows too (fp8: K and group even).
@@ -463,7 +465,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
   if (amx && (fmt == WeightFormat::int8 || fmt == WeightFormat::int4 || fmt == WeightFormat::bf16 ||
               is_mx_format(fmt) || (fmt == WeightFormat::fp8 && k_pairs))) {
     ks.tile_rows = ks.tile_min_rows = 16;
-    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
+    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, sv);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.isa = ks.tile_tail.isa = IsaLevel::amx;
   } else if (isa == IsaLevel::avx512_bf16 &&
@@ -471,9 +473,9 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
               is_mx_format(fmt))) {
     // mx since 2026-11-27 (jit/gemm.hpp mx_pair_kernel; before, 6-row fp32 tiles that decode every
     // weight once per block): the strip decoded once to bf16 pairs, then vdpbf16ps blocks.
-    ks.tile_rows = ks.max_rows;
+    ks.tile_rows = sv == 2 && fmt == WeightFormat::bf16 ? kBf16PairRows2v : ks.max_rows;
     ks.tile_min_rows = kBf16PairMinRows;
-    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
+    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, sv);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant =
         is_mx_format(fmt) ? uint16_t(variant | kMxPairs)  // + SwiGLU bits
@@ -491,7 +493,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     // avx512_bf16 runs FP8 and MX on its vdpbf16ps pair tiles above. (MX K is a multiple of 32:
     // always k pairs.)
     ks.tile_rows = ks.tile_min_rows = gemm_max_rows(isa, WeightFormat::bf16);
-    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
+    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, sv);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant =
         uint16_t(variant | kStripScratch);  // + SwiGLU bits
@@ -504,7 +506,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     // vectors read for 6 rows instead of 3, the 1-5 rows after the blocks in the same call
     // (GemmArgs::m_tail).
     ks.tile_rows = ks.tile_min_rows = half_strip_rows(isa);
-    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
+    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, sv);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant = uint16_t(variant | kHalfStrips);
   } else if (isa == IsaLevel::neon_bf16 && fmt == WeightFormat::bf16) {
@@ -512,7 +514,7 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     // place, from kNeonBf16PairMinRows rows (see there).
     ks.tile_rows = ks.max_rows;
     ks.tile_min_rows = kNeonBf16PairMinRows;
-    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, kStripVecs);
+    ks.tile_full = key(KernelKind::gemm_prefill, ks.tile_rows, sv);
     ks.tile_tail = key(KernelKind::gemm_prefill, ks.tile_rows, tail);
     ks.tile_full.variant = ks.tile_tail.variant = kBf16Pairs;
   }
@@ -537,10 +539,9 @@ std::vector<KernelKey> GemmKernelSet::keys() const {
 std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa) {
   const int bits = format_bits(fmt);
   const int lanes = vec_lanes(isa);
-  auto gu =
-      formats::StripLayout::make(shape.intermediate, shape.hidden, lanes, kStripVecs, 2, bits);
-  auto down =
-      formats::StripLayout::make(shape.hidden, shape.intermediate, lanes, kStripVecs, 1, bits);
+  const int sv = strip_vecs_for(isa, fmt);
+  auto gu = formats::StripLayout::make(shape.intermediate, shape.hidden, lanes, sv, 2, bits);
+  auto down = formats::StripLayout::make(shape.hidden, shape.intermediate, lanes, sv, 1, bits);
   // fp8 scale groups are 128 or all of K, so an even K gives even groups.
   std::vector<KernelKey> keys =
       make_gemm_kernel_set(isa, fmt, Epilogue::siluup, gu.tail_vecs, 0, shape.hidden % 2 == 0)

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
                            : bf16 ? WeightFormat::bf16
                                   : WeightFormat::int8;
   const int lanes = vec_lanes(isa);
-  auto l = formats::StripLayout::make(N, K, lanes, kStripVecs, epi == Epilogue::siluup ? 2 : 1,
+  auto l = formats::StripLayout::make(N, K, lanes, strip_vecs_for(isa, fmt),
+                                      epi == Epilogue::siluup ? 2 : 1,
                                       bf16   ? 16
                                       : int4 ? 4
                                              : 8,
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
   key.isa = isa;
   key.format = fmt;
   key.m_r = uint8_t(M > mr ? mr : M);
-  key.n_vec = kStripVecs;
+  key.n_vec = uint8_t(l.strip_vecs);
   key.epilogue = epi;
   if (halves) key.variant = ks.tile_full.variant;
   if (amx_tiles || pair_tiles) key = ks.tile_full;
@@ -149,8 +150,8 @@ int main(int argc, char** argv) {
     args.m_tail = sp.tail;
   }
   const int64_t rows_done = gemm_call_rows(key, args);
-  const double ops =
-      2.0 * double(rows_done) * double(l.full_strips * l.strip_cols(4)) * double(l.padded_k());
+  const double ops = 2.0 * double(rows_done) * double(l.full_strips * l.strip_cols(l.strip_vecs)) *
+                     double(l.padded_k());
   std::vector<double> t;
   const int reps = int(std::max<int64_t>(200, 3 * copies));
   for (int rep = 0; rep < reps; ++rep) {

@@ -63,7 +63,8 @@ namespace {
 // <bytes> (0 = none, a multiple of 64 up to 65536) overrides it for every kernel this process
 // generates.
 constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchZen5Nib = 4096,
-              kDecodePrefetchZen5Fp8 = 8192, kDecodePrefetchZen5Rows = 8192;
+              kDecodePrefetchZen5Fp8 = 8192, kDecodePrefetchZen5Rows = 8192,
+              kDecodePrefetchZen5Bf16Narrow = 4096;
 // The rows from which a Zen 5's int8 / int4, bf16 and qgroup byte-code decode tiles take
 // kDecodePrefetchZen5Rows.
 constexpr int kZen5RowsPrefetchIntMinRows = 4, kZen5RowsPrefetchBf16MinRows = 2,
@@ -97,6 +98,10 @@ int decode_prefetch_bytes(const KernelKey& key) {
                              !(key.variant & kQGroupSuperSums) &&
                              key.m_r >= kZen5RowsPrefetchQGroupMinRows;
     if (int_rows || bf16_rows || qgroup_rows) return kDecodePrefetchZen5Rows;
+    // bf16's one-row tiles over the 2-vector strips of strip_vecs_for: DeepSeek-V3 BF16 at T = 1
+    // ran 1.015-1.028x slower than over 4-vector strips without a prefetch, 0.986-0.996x with 4096
+    // bytes, 1.03-1.06x with 8192 (in-process A/Bs on a Zen 5).
+    if (fmt == WeightFormat::bf16 && key.n_vec <= 2) return kDecodePrefetchZen5Bf16Narrow;
     return nibbles ? kDecodePrefetchZen5Nib : e4m3 ? kDecodePrefetchZen5Fp8 : 0;
   }
   const bool lean_int = fmt == WeightFormat::int8 || fmt == WeightFormat::qgroup;
@@ -109,10 +114,11 @@ using namespace Xbyak::util;
 class GemmGenerator : public JitGenerator {
  public:
   // Up to 128 KiB of code: a prefill kernel holds a tile for each way its blocks prefetch and
-  // for every tail size (the int8 siluup kernels at the VNNI levels pass 64 KiB). Only one
-  // tile's K loop runs at a time, so the size costs no instruction-cache misses in the loops.
+  // for every tail size (the int8 siluup kernels at the VNNI levels pass 64 KiB; the 12-row BF16
+  // pair kernels, with 11 tail sizes and 11 splits, about 200 KiB: 512). Only one tile's K loop
+  // runs at a time, so the size costs no instruction-cache misses in the loops.
   explicit GemmGenerator(const KernelKey& key)
-      : JitGenerator(key.isa, 128 * 1024),
+      : JitGenerator(key.isa, bf16_pair_rows2v(key) ? 512 * 1024 : 128 * 1024),
         key_(key),
         lanes_(vec_lanes(key.isa)),
         nv_(key.n_vec),
@@ -243,7 +249,9 @@ class GemmGenerator : public JitGenerator {
           " for those of half_strip_vnni_format at the VNNI levels: " + key.describe());
     // strip-scratch kernels run the bf16 microkernel, so they take its tile
     const int max_rows = half_ ? half_strip_rows(key.isa)
-                               : gemm_max_rows(key.isa, sfma_ ? WeightFormat::bf16 : key.format);
+                         : key.isa == IsaLevel::avx512_bf16 && bf16_pair_kernel(key) && sv_ <= 2
+                             ? kBf16PairRows2v  // (2-vector strips: strip_vecs_for)
+                             : gemm_max_rows(key.isa, sfma_ ? WeightFormat::bf16 : key.format);
     if (nv_ < 1 || nv_ > kStripVecs || mr_ < 1 || mr_ > max_rows)
       throw std::invalid_argument("gemm: tile out of range: " + key.describe());
     if (key.epilogue == Epilogue::siluup && nv_ % 2)
@@ -379,8 +387,12 @@ class GemmGenerator : public JitGenerator {
   int out_cols() const { return gemm_strip_out_cols(key_.isa, sv_, key_.epilogue); }
 
   Address arg(size_t off) const { return qword[reg_args + off]; }
+  // Rows 6..11 (the BF16 pair tiles of 2-vector strips): rax and rdx, free in their K loop (the
+  // tile's start and its epilogue use them as scratch around it).
+  const Reg64 reg_a6 = rax;
+  const Reg64 reg_a9 = rdx;
   RegExp a_row(int m) const {
-    const Reg64& base = m < 3 ? reg_a : reg_a3;
+    const Reg64& base = m < 3 ? reg_a : m < 6 ? reg_a3 : m < 9 ? reg_a6 : reg_a9;
     switch (m % 3) {
       case 0: return RegExp(base);
       case 1: return base + reg_lda;
@@ -804,6 +816,14 @@ class GemmGenerator : public JitGenerator {
     if (mr_ > 3) {
       lea(reg_a3, ptr[reg_a + reg_lda * 2]);
       add(reg_a3, reg_lda);
+    }
+    if (mr_ > 6) {  // (pair tiles only: the max_rows check)
+      lea(reg_a6, ptr[reg_a3 + reg_lda * 2]);
+      add(reg_a6, reg_lda);
+    }
+    if (mr_ > 9) {
+      lea(reg_a9, ptr[reg_a6 + reg_lda * 2]);
+      add(reg_a9, reg_lda);
     }
     if (qg_) load_params_qgroup();
     if ((fp8p_ || mx8d_) && !prefill_) fp8_pair_constants();
@@ -2127,6 +2147,8 @@ class GemmGenerator : public JitGenerator {
     if (prefetch_next && !pf_var_) add(reg_pf, pair_pf_bytes() * pairs);
     add(reg_a, 4 * pairs);
     if (mr_ > 3) add(reg_a3, 4 * pairs);
+    if (mr_ > 6) add(reg_a6, 4 * pairs);
+    if (mr_ > 9) add(reg_a9, 4 * pairs);
     add(reg_w, (w_bytes_per_pair ? w_bytes_per_pair : nv_ * 64) * pairs);
   }
 

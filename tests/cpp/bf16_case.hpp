@@ -27,10 +27,11 @@ struct Bf16Case {
   std::vector<float> out;       // M rows of random initial outputs
 };
 
-inline Bf16Case make_bf16_case(Epilogue epi, int64_t M, int64_t N, int64_t K, uint32_t seed) {
+inline Bf16Case make_bf16_case(Epilogue epi, int64_t M, int64_t N, int64_t K, uint32_t seed,
+                               int strip_vecs = kStripVecs) {
   Bf16Case c;
   const int sources = epi == Epilogue::siluup ? 2 : 1;
-  c.l = formats::StripLayout::make(N, K, 16, kStripVecs, sources, 16, 2);  // x86: k pairs
+  c.l = formats::StripLayout::make(N, K, 16, strip_vecs, sources, 16, 2);  // x86: k pairs
   for (int s = 0; s < sources; ++s)
     c.wf.push_back(random_floats(size_t(N * K), seed + 10 * uint32_t(s), 0.5f));
   const float* ws[2] = {c.wf[0].data(), c.wf.back().data()};

@@ -72,15 +72,18 @@ struct Problem {
 };
 
 // One problem the way the executor runs it: full strips, then the tail strip, each over the
-// blocks of m_r = 6 rows (the pair kernels' tile) and the rows left as the call's short tiles
+// blocks of m_r rows (the pair kernels' tile: 6 over 4-vector strips, kBf16PairRows2v = 12 over
+// the 2-vector strips of strip_vecs_for) and the rows left as the call's short tiles
 // (GemmArgs::m_tail) that prefill_split gives, out rows scattered. Returns the outputs of the
 // generated kernels (run = true) or of the twin.
-std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot_check) {
-  test::Bf16Case c = test::make_bf16_case(p.epi, p.M, p.N, p.K, p.seed);
+std::vector<float> run(const Problem& p, bool generated, std::vector<float>* dot_check,
+                       int strip_vecs = kStripVecs) {
+  test::Bf16Case c = test::make_bf16_case(p.epi, p.M, p.N, p.K, p.seed, strip_vecs);
   std::vector<float*> rows;
   const int64_t step = p.M % 7 ? 7 : 5;  // a permutation: no M here is a multiple of 35
   for (int64_t m = 0; m < p.M; ++m) rows.push_back(c.out.data() + ((m * step) % p.M) * c.stride);
-  const int m_r = gemm_max_rows(IsaLevel::avx512_bf16, WeightFormat::bf16);
+  const int m_r =
+      strip_vecs == 2 ? kBf16PairRows2v : gemm_max_rows(IsaLevel::avx512_bf16, WeightFormat::bf16);
   const int full_cols = c.l.strip_cols(c.l.strip_vecs);
   for (int part = 0; part < 2; ++part) {
     const int64_t s0 = part ? c.l.full_strips : 0;
@@ -161,6 +164,25 @@ TEST(Bf16Pairs, GeneratedMatchesReferenceBitwise) {
   }
 }
 
+// The 12-row tiles over 2-vector strips (strip_vecs_for): every row count from 1 to 40, so every
+// tail size after 0-3 blocks and every split of 13-23 rows into two halves, each epilogue.
+TEST(Bf16Pairs, TwoVectorStripTilesMatchReferenceBitwise) {
+  if (test::emulated_level(IsaLevel::avx512_bf16) && !test::interpreter_enabled())
+    GTEST_SKIP() << "no AVX512-BF16 here and KT_JIT_TEST_INTERPRET=0";
+  const Epilogue epis[] = {Epilogue::store, Epilogue::siluup, Epilogue::accum};
+  for (int64_t M = 1; M <= 40; ++M) {
+    if (M == 35) continue;  // (run's row permutation needs M coprime to 7 or 5)
+    const Problem p{epis[M % 3], M, M % 2 ? 80 : 64, M % 4 ? 66 : 130, uint32_t(100 + M)};
+    const std::vector<float> got = run(p, true, nullptr, 2), want = run(p, false, nullptr, 2);
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+        << "2-vector strip tiles differ from gemm_ref: " << p.repro();
+    if (M % 5 == 0) {  // and the 4-vector tiles give the same bits
+      const std::vector<float> four = run(p, false, nullptr);
+      ASSERT_EQ(0, std::memcmp(got.data(), four.data(), got.size() * 4)) << p.repro();
+    }
+  }
+}
+
 TEST(Bf16Pairs, KeysAreRefusedOffTheirLevelAndKind) {
   KernelKey k;
   k.kind = KernelKind::gemm_decode;
@@ -232,7 +254,8 @@ TEST(Bf16Pairs, Fp8AtAvx512Bf16PairsWhenKSplitsIntoPairs) {
 TEST(Bf16Pairs, Bf16AndMxAtAvx512Bf16GetThePairTier) {
   const GemmKernelSet ks =
       make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::bf16, Epilogue::siluup, 2);
-  EXPECT_EQ(ks.tile_rows, 6);
+  EXPECT_EQ(ks.tile_rows, kBf16PairRows2v);  // over 2-vector strips (strip_vecs_for)
+  EXPECT_EQ(ks.tile_full.n_vec, 2);
   EXPECT_EQ(ks.tile_min_rows, 5);
   EXPECT_EQ(ks.tile_full.variant, kBf16Pairs);
   EXPECT_EQ(ks.tile_full.kind, KernelKind::gemm_prefill);

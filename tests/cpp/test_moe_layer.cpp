@@ -127,17 +127,18 @@ TEST(MoELayer, Bf16PairTierMatchesReferenceAndRunsTheLastRows) {
   }
 }
 
-// The tile tier's split of an expert's rows: the BF16 pair tiles of avx512_bf16 take a last row of
-// 6 k + 1 with the last block as 4 + 3 (as the kernels' own tests run them), the fp8 pair tiles
-// keep a 1-row tail, and AMX's 16-row BF16 tiles pad their last block. (Keys only: runs anywhere.)
+// The tile tier's split of an expert's rows: the BF16 pair tiles of avx512_bf16 (12 rows over
+// 2-vector strips) run up to 12 rows as one tile and 13-23 rows after their blocks as two halves
+// (as the kernels' own tests run them), the fp8 pair tiles keep a 1-row tail, and AMX's 16-row
+// BF16 tiles pad their last block. (Keys only: runs anywhere.)
 TEST(MoELayer, TileTierSplitsAsThePrefillKernelsDo) {
   const GemmKernelSet bf16 =
-      make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::bf16, Epilogue::siluup, kStripVecs);
-  ASSERT_EQ(bf16.tile_rows, 6);
+      make_gemm_kernel_set(IsaLevel::avx512_bf16, WeightFormat::bf16, Epilogue::siluup, 0);
+  ASSERT_EQ(bf16.tile_rows, 12);
   const struct {
     int64_t rows, blocks, tail;
-  } cases[] = {{5, 0, 5},  {6, 1, 0},  {7, 0, 7},  {12, 2, 0},
-               {13, 1, 7}, {14, 2, 2}, {19, 2, 7}, {25, 3, 7}};
+  } cases[] = {{5, 0, 5},   {11, 0, 11}, {12, 1, 0},  {13, 0, 13}, {16, 0, 16},
+               {23, 0, 23}, {24, 2, 0},  {25, 1, 13}, {30, 1, 18}, {37, 2, 13}};
   for (const auto& c : cases) {
     const PrefillSplit sp = tile_tier_split(bf16, c.rows, true);
     EXPECT_EQ(sp.blocks, c.blocks) << c.rows << " rows";
