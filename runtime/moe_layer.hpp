@@ -87,8 +87,9 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
 std::vector<KernelKey> moe_kernel_keys(const MoEShape& shape, WeightFormat fmt, IsaLevel isa);
 // The tile tier's call over an expert's `rows` rows (>= ks.tile_min_rows): its blocks of
 // ks.tile_rows and the rows after them that the same call runs (GemmArgs::m_tail). Kernels that
-// take those rows (tail_rows_kernel) split as prefill_split does: the BF16 pair tiles run a last
-// row of 6 k + 1 with the last block as a 4-row and a 3-row tile. `padded`: the last block padded
+// take those rows (tail_rows_kernel) split as prefill_split does: the BF16 pair tiles run 13-23
+// rows after their 12-row blocks as two halves (over 4-vector strips, 6-row blocks: a last row of
+// 6 k + 1 with the last block as a 4-row and a 3-row tile). `padded`: the last block padded
 // with zero rows (the pair tiers of isa amx and neon_bf16), else the rows after the blocks are
 // left to the kernels above.
 PrefillSplit tile_tier_split(const GemmKernelSet& ks, int64_t rows, bool padded);
