@@ -375,7 +375,9 @@ inline int prefill_stream_rows() {
 // sites asked for two strips, the next one and the one after, every line twice (Qwen3 INT4 layers
 // with 256: T = 128 1.10-1.11x faster, T = 256 1.014x, in-process A/Bs on a Zen 5).
 inline int64_t prefill_strip_site_bytes(const KernelKey& key) {
-  if (bf16_pair_rows2v(key)) return 128 * key.n_vec;  // (2-vector strips: 256)
+  // (2-vector strips: 256, a full strip's, also from a narrower tail strip, as 512 is at 4 vectors:
+  // a tail strip's next strip is the next matrix's first, GemmArgs::pf_last)
+  if (bf16_pair_rows2v(key)) return 256;
   return key.format == WeightFormat::int4 ? 256 : 512;
 }
 // int4 streams half int8's bytes for the same multiplies, so its strips' compute meets DRAM at
