@@ -150,7 +150,7 @@ AlignedBuffer::~AlignedBuffer() {
 namespace {
 // The forward's large scratch on huge pages too (alloc_maybe_huge): the partial rows that down's
 // tiles read-modify-write, T x H fp32 scattered by token (34 MB at Qwen3 T = 4096, beyond the
-// 12 MB a Zen 4's L2 TLB maps with 4 KiB pages), the gathered activation rows and h. Qwen3's down
+// 12 MB a Zen 4's L2 TLB maps with 4 KiB pages), the quantized activation rows and h. Qwen3's down
 // kernel alone writing 256 rows scattered over 34 MB (ktjit_kernel_bench ... accum int8 128 4096)
 // ran at 83-86 % of the vpdpbusd peak on 4 KiB pages, 90-92 % on 2 MiB ones, 91-94 % into
 // contiguous rows; the Qwen3 T = 4096 layer 1.5-3 % faster (docs/BENCHMARKS.md).
@@ -193,14 +193,14 @@ struct MoELayer::Scratch {
   int64_t T = 0, rows = 0, lda_x = 0, p_stride = 0;
   bool decode = false;  // every expert fits one decode tile (see forward())
   // Prefill, bf16 / fp8 weights: the rows of the experts whose gate/up runs the whole pair tier
-  // (MoELayer::pair_tier_whole) are gathered as bf16, each token rounded once (xb, ab), instead
+  // (MoELayer::pair_tier_whole) are gathered as bf16, each token rounded once (xb), instead
   // of as fp32 rows that every gate/up call rounds again.
   bool gu_bf16 = false;
-  std::vector<uint8_t> row_bf16;  // per row: gathered into ab (else aq)
+  std::vector<uint8_t> row_bf16;  // per row: gathered from xb (else xq)
   struct PerPool {
-    HugeVector<int8_t> xq, aq;  // tokens quantized once, then gathered per row (prefill)
-    std::vector<float> xs, as;
-    HugeVector<uint16_t> xb, ab;  // [T][H], [rows][H] bf16 (gu_bf16)
+    HugeVector<int8_t> xq;  // tokens quantized once (prefill), gathered per expert by gate/up
+    std::vector<float> xs;
+    HugeVector<uint16_t> xb;  // [T][H] bf16 (gu_bf16)
   };
   struct PerShard {
     HugeVector<float> h, partial;  // partial: [T, p_stride] fp32
@@ -1175,7 +1175,8 @@ void quantize_act_row(const RowQuantizer& rq, const float* x, int64_t n, bool fl
 // after the join the shard partials are summed in shard order.
 //   decode (every expert <= one register tile of rows): [gate/up, each thread quantizing the
 //     rows it reads] | [quantize h] | [down]                          -> 2 barriers (1 for float)
-//   prefill: [quantize tokens] | [gather rows] | [gate/up] | [quantize h] | [down] -> 4 barriers
+//   prefill: [quantize tokens] | [gate/up, gathering each expert's rows before its call] |
+//     [quantize h] | [down]                                           -> 3 barriers (2 for float)
 void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const float* w,
                        const bool* mask, float* out, ThreadPool& pool, bool reference) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -1242,12 +1243,7 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
       auto& ps = s.pools[size_t(p)];
       ps.xq.resize(size_t(T * s.lda_x));
       ps.xs.resize(size_t(T));
-      ps.aq.resize(size_t(rows * s.lda_x));
-      ps.as.resize(size_t(rows));
-      if (s.gu_bf16) {
-        ps.xb.resize(size_t(T * H));
-        ps.ab.resize(size_t(rows * H));
-      }
+      if (s.gu_bf16) ps.xb.resize(size_t(T * H));
     }
   s.shards.resize(size_t(S));
   for (int si = 0; si < S; ++si) prepare_shard(si, s);
@@ -1265,19 +1261,7 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
                          &ps.xs[size_t(t)]);
         if (s.gu_bf16) rq.to_bf16(x + t * H, H, ps.xb.data() + t * H);
       }
-      wk.barrier();
-      // Gather each expert's rows so its tile reads them at a fixed stride.
-      int64_t r0, r1;
-      split_range(rows, wk.tid, wk.nt, &r0, &r1);
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t t = s.row_token[size_t(r)];
-        if (s.gu_bf16 && s.row_bf16[size_t(r)])
-          std::memcpy(ps.ab.data() + r * H, ps.xb.data() + t * H, size_t(H) * 2);
-        else
-          std::memcpy(ps.aq.data() + r * s.lda_x, ps.xq.data() + t * s.lda_x, size_t(s.lda_x));
-        ps.as[size_t(r)] = ps.xs[size_t(t)];
-      }
-      wk.barrier();
+      wk.barrier();  // forward_shard's gate/up gathers each expert's rows from these
     }
     for (int si = wk.pool; si < S; si += wk.pools) forward_shard(si, s, reference, wk);
   });
@@ -1377,6 +1361,7 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
   // it lands on the thread's node).
   static thread_local std::vector<int8_t> own_q;
   static thread_local std::vector<float> own_s;
+  static thread_local HugeVector<int8_t> own_rows;  // (prefill, below: 64-byte aligned)
   const auto* pool_s = s.decode ? nullptr : &s.pools[size_t(wk.pool)];
   for (int64_t u = u0; u < u1;) {
     const int64_t ai = u / gu_strips, st0 = u % gu_strips;
@@ -1387,9 +1372,26 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
     const float* a_scale;
     const uint16_t* a_bf16 = nullptr;
     if (pool_s) {
-      a = pool_s->aq.data() + row0 * s.lda_x;
-      a_scale = pool_s->as.data() + row0;
-      if (s.gu_bf16 && s.row_bf16[size_t(row0)]) a_bf16 = pool_s->ab.data() + row0 * H;
+      // Prefill: this expert's rows, gathered from the pool's tokens (quantized, or rounded to
+      // bf16, once each) into a thread-local buffer right before its gate/up call, so its tiles
+      // find them in L1/L2. A gather phase into a T*K-row buffer left them to the weight stream,
+      // which evicted them before their expert ran (Qwen3 INT8 at T = 256 1.2-1.5 % slower).
+      const bool bf = s.gu_bf16 && s.row_bf16[size_t(row0)];
+      own_rows.resize(size_t(m * std::max(s.lda_x, 2 * H)));
+      own_s.resize(size_t(m));
+      auto* ob = reinterpret_cast<uint16_t*>(own_rows.data());
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t t = s.row_token[size_t(row0 + i)];
+        if (bf)
+          std::memcpy(ob + i * H, pool_s->xb.data() + t * H, size_t(H) * 2);
+        else
+          std::memcpy(own_rows.data() + i * s.lda_x, pool_s->xq.data() + t * s.lda_x,
+                      size_t(s.lda_x));
+        own_s[size_t(i)] = pool_s->xs[size_t(t)];
+      }
+      a = own_rows.data();
+      a_scale = own_s.data();
+      if (bf) a_bf16 = ob;
     } else {
       own_q.resize(size_t(m * s.lda_x));
       own_s.resize(size_t(m));
