@@ -258,6 +258,16 @@ constexpr int kBf16PairRows2v = 12;
 inline bool bf16_pair_rows2v(const KernelKey& key) {
   return key.isa == IsaLevel::avx512_bf16 && bf16_pair_kernel(key) && key.m_r == kBf16PairRows2v;
 }
+// The int8 prefill tiles of 2-vector strips (strip_vecs_for): up to kInt8Rows2v rows.
+constexpr int kInt8Rows2v = 12;
+inline bool int8_rows2v(const KernelKey& key) {
+  return key.isa == IsaLevel::avx512_bf16 && key.format == WeightFormat::int8 &&
+         key.kind == KernelKind::gemm_prefill && key.m_r == kInt8Rows2v;
+}
+// The 12-row tiles of 2-vector strips (BF16 pairs, int8).
+inline bool rows2v_kernel(const KernelKey& key) {
+  return bf16_pair_rows2v(key) || int8_rows2v(key);
+}
 // fp8 decode kernels of <= 4 rows at avx512_bf16 (variant kBf16Pairs; K and g_steps even): bf16
 // activation pairs (rounded RNE by the caller), and the e4m3 bytes of k and k + 1 turned into
 // the bf16 pair of their values (exact: e4m3 fits bf16) by two vpermi2b table lookups on the
@@ -377,7 +387,7 @@ inline int prefill_stream_rows() {
 inline int64_t prefill_strip_site_bytes(const KernelKey& key) {
   // (2-vector strips: 256, a full strip's, also from a narrower tail strip, as 512 is at 4 vectors:
   // a tail strip's next strip is the next matrix's first, GemmArgs::pf_last)
-  if (bf16_pair_rows2v(key)) return 256;
+  if (rows2v_kernel(key)) return 256;
   return key.format == WeightFormat::int4 ? 256 : 512;
 }
 // int4 streams half int8's bytes for the same multiplies, so its strips' compute meets DRAM at
@@ -468,14 +478,14 @@ inline bool tail_rows_kernel(const KernelKey& key) {
 // (0.96-0.99x; 20 rows 1.02-1.03x).
 inline bool split_tail_kernel(const KernelKey& key) {
   const bool bf16_pairs = key.isa == IsaLevel::avx512_bf16 && bf16_pair_kernel(key);
-  return ((int_tail_prefetch_kernel(key) || bf16_pairs) && key.m_r == 6) || bf16_pair_rows2v(key);
+  return ((int_tail_prefetch_kernel(key) || bf16_pairs) && key.m_r == 6) || rows2v_kernel(key);
 }
 // The most rows after the blocks that a split_tail_kernel runs with the last block as two tiles
 // (m_tail = m_r + 1 .. m_r + this, prefill_split): 2 for int8 and int4, 1 for the BF16 pair
 // tiles.
 inline int split_tail_rows(const KernelKey& key) {
   if (!split_tail_kernel(key)) return 0;
-  if (bf16_pair_rows2v(key)) return kBf16PairRows2v - 1;  // 13 .. 23 rows as two halves
+  if (rows2v_kernel(key)) return key.m_r - 1;  // 13 .. 23 rows as two halves
   return int_tail_prefetch_kernel(key) ? 2 : 1;
 }
 
@@ -595,15 +605,31 @@ constexpr int kStripVecs = 4;
 // rows against 79-88 %), and the rows after the blocks run as two halves (split_tail_rows). Qwen3
 // BF16 layers (in-process A/Bs on a Zen 5): T = 128 1.03-1.06x, T = 256 1.04-1.05x faster, T =
 // 1024 1.00x, decode the same (with its one-row tiles' prefetch, decode_prefetch_bytes). Their
-// code is 2.7x larger (452 against 170 KiB a Qwen3 layer). KT_JIT_BF16_NARROW_STRIPS=0 keeps
-// 4-vector strips (read when a layer is built).
+// code was 2.7x larger (452 against 170 KiB a Qwen3 layer) until the tail tiles were shared
+// (jit/x64/gemm.cpp tail_tiles_shared: 203 KiB). KT_JIT_BF16_NARROW_STRIPS=0 keeps 4-vector strips
+// (read when a layer is built).
+// int8 at avx512_bf16 likewise since 2026-11-29 (a thirty-eighth session): 12-row x 2-vector
+// vpdpbusd tiles (kInt8Rows2v; gemm_prefill_rows) and the decode tiles of 1-6 rows over the same
+// strips. Qwen3 INT8 layers (in-process A/Bs on a Zen 5): T = 128 1.04x, T = 256 1.03-1.04x faster
+// (2 threads 1.04x), T = 1024 1.00x, decode T = 1 / 4 the same (DeepSeek-V3 too). 282 KiB of
+// code a Qwen3 layer against 222. KT_JIT_INT8_NARROW_STRIPS=0 keeps 4-vector strips. isa amx keeps
+// 4 vectors for both (its AMX tiles read 64-column strips).
 inline int strip_vecs_for(IsaLevel isa, WeightFormat fmt) {
+  if (isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::int8)
+    return env_switch("KT_JIT_INT8_NARROW_STRIPS", true) ? 2 : kStripVecs;
   const bool narrow = isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::bf16;
   return narrow && env_switch("KT_JIT_BF16_NARROW_STRIPS", true) ? 2 : kStripVecs;
 }
 
 // Register-tile rows the prefill kernel uses at each level (limited by the register file).
 int gemm_max_rows(IsaLevel isa, WeightFormat fmt = WeightFormat::int8);
+// Rows of the prefill tile of a layout of `strip_vecs` vectors: kInt8Rows2v for int8 over
+// 2-vector strips at avx512_bf16, else gemm_max_rows.
+inline int gemm_prefill_rows(IsaLevel isa, WeightFormat fmt, int strip_vecs) {
+  return isa == IsaLevel::avx512_bf16 && fmt == WeightFormat::int8 && strip_vecs <= 2
+             ? kInt8Rows2v
+             : gemm_max_rows(isa, fmt);
+}
 
 // The value an fp8 (e4m3fn) byte decodes to in the kernels: exact for every finite code,
 // subnormals included; 0x7f/0xff (NaN in e4m3fn) decode as +-480 (what their bits would mean).

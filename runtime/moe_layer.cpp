@@ -457,8 +457,9 @@ GemmKernelSet make_gemm_kernel_set(IsaLevel isa, WeightFormat fmt, Epilogue epi,
     if (fmt == WeightFormat::fp8 && isa == IsaLevel::avx2 && m <= 2 && fp8_fp32_widen_here())
       ks.decode_full.back().variant = ks.decode_tail.back().variant = kFp8Fp32Widen;
   }
-  ks.prefill_full = key(KernelKind::gemm_prefill, ks.max_rows, sv);
-  ks.prefill_tail = key(KernelKind::gemm_prefill, ks.max_rows, tail);
+  const int prefill_rows = gemm_prefill_rows(isa, fmt, sv);
+  ks.prefill_full = key(KernelKind::gemm_prefill, prefill_rows, sv);
+  ks.prefill_tail = key(KernelKind::gemm_prefill, prefill_rows, tail);
   // AMX-BF16 for fp8 and mx decodes each strip to bf16 pairs first (jit/gemm.hpp
   // amx_decoded_weight), so those take the AMX tiles from 16 rows too (fp8: K and group even).
   // int4 decodes its strip to int8 first (jit/gemm.hpp amx_int4_kernel).
@@ -1134,7 +1135,7 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
         const PrefillSplit sp = prefill_split(pkey, rows - row);
         call(pkey, ref ? nullptr : (tail ? ks.prefill_tail_k : ks.prefill_full_k), c0, n, row,
              sp.blocks, sp.tail);
-        row += sp.blocks * max_rows + sp.tail;
+        row += sp.blocks * pkey.m_r + sp.tail;
       }
       if (rows > row) {
         auto [key, k] = tail ? pick(ks.decode_tail, ks.decode_tail_k, int(rows - row))

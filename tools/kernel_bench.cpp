@@ -123,12 +123,15 @@ int main(int argc, char** argv) {
   // (its rows' bf16 pairs here the bits of the fp32 rows: timing, not values).
   const bool pair_tiles = bf16 && isa == IsaLevel::avx512_bf16 && ks.tile_rows &&
                           (ks.tile_full.variant & kBf16Pairs) && M >= ks.tile_min_rows;
-  const int mr = halves || amx_tiles || pair_tiles ? ks.tile_rows : gemm_max_rows(isa, fmt);
+  const int mr = halves || amx_tiles || pair_tiles ? ks.tile_rows : ks.prefill_full.m_r;
   KernelKey key;
-  key.kind = M > mr || halves ? KernelKind::gemm_prefill : KernelKind::gemm_decode;
+  // (M up to the decode tiles' rows: a decode tile, as the executor runs it; more: the prefill
+  // kernel, which may take fewer rows than its m_r, int8's 12-row tiles at avx512_bf16)
+  const bool prefill = M > std::min(mr, ks.max_rows) || halves;
+  key.kind = prefill ? KernelKind::gemm_prefill : KernelKind::gemm_decode;
   key.isa = isa;
   key.format = fmt;
-  key.m_r = uint8_t(M > mr ? mr : M);
+  key.m_r = uint8_t(prefill ? mr : M);
   key.n_vec = uint8_t(l.strip_vecs);
   key.epilogue = epi;
   if (halves) key.variant = ks.tile_full.variant;
@@ -185,8 +188,8 @@ int main(int argc, char** argv) {
   std::printf(
       "%s M=%lld N=%lld K=%lld x%lld: median %.1f Gop/s = %.0f%%, best %.1f Gop/s = %.0f%% of the "
       "same-run %s peak (%.1f Gop/s)\n",
-      k->name.c_str(), (long long)rows_done, (long long)(l.full_strips * l.strip_cols(4)),
-      (long long)K, (long long)copies, gops, 100 * gops / peak, best, 100 * best / peak, op_name,
-      peak);
+      k->name.c_str(), (long long)rows_done,
+      (long long)(l.full_strips * l.strip_cols(l.strip_vecs)), (long long)K, (long long)copies,
+      gops, 100 * gops / peak, best, 100 * best / peak, op_name, peak);
   return 0;
 }

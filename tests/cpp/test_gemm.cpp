@@ -46,10 +46,12 @@ struct Problem {
   // fp8 pairs: every row as the pair prefill kernel's short tile of a call without blocks, even
   // below kPairTileRows (the tile decodes the strip itself there; the executor sends only 5).
   bool tail_alone = false;
+  // Strip width in vectors (int8 at avx512_bf16: 2, its 12-row tiles, strip_vecs_for)
+  int strip_vecs = kStripVecs;
   std::string repro() const {
     std::ostringstream s;
     s << "repro: KT_JIT_ISA=" << isa_name(isa) << " fmt=" << int(fmt) << " epi=" << int(epi)
-      << " M=" << M << " N=" << N << " K=" << K << " seed=" << seed;
+      << " M=" << M << " N=" << N << " K=" << K << " seed=" << seed << " strip_vecs=" << strip_vecs;
     return s.str();
   }
 };
@@ -82,7 +84,7 @@ Packed make_weights(const Problem& p) {
   // problems of three, [k][column] (isa amx's, same kernels without kFp8PairOrder) on the third;
   // the pair order keeps row scales in 128-k groups too, as the executor packs it
   const bool po = p.fp8_pairs() && p.seed % 3 != 0;
-  pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), kStripVecs, sources, bits,
+  pk.layout = formats::StripLayout::make(p.N, p.K, vec_lanes(p.isa), p.strip_vecs, sources, bits,
                                          fp8    ? 1
                                          : bf16 ? bf16_kgroup(p.isa)
                                                 : 0,
@@ -143,6 +145,7 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
              const std::vector<float>& rw, bool use_ref, std::vector<std::string>* names) {
   const auto& l = pk.layout;
   const int max_rows = gemm_max_rows(p.isa, p.fmt);
+  const int prefill_rows = gemm_prefill_rows(p.isa, p.fmt, l.strip_vecs);  // (int8 2v: 12)
   const int full_cols = l.strip_cols(l.strip_vecs);
   const int out_full = gemm_strip_out_cols(p.isa, l.strip_vecs, p.epi);
   // The executor's tile tier where the level has one for the format (make_gemm_kernel_set: fp8
@@ -221,12 +224,13 @@ void run_all(const Problem& p, const Packed& pk, const std::vector<int8_t>& a, i
       row = p.M;
     }
     if (p.M - row > max_rows || (p.fp8_pairs() && p.M >= Problem::kPairTileRows)) {
-      KernelKey pkey = key_for(p.isa, KernelKind::gemm_prefill, max_rows, nv, p.epi, p.fmt);
+      KernelKey pkey = key_for(p.isa, KernelKind::gemm_prefill, prefill_rows, nv, p.epi, p.fmt);
       if (p.fp8_pairs()) pkey.variant = kBf16Pairs;
-      // (int8 at the VNNI levels: 1 row after the blocks goes with the last as 4 + 3 rows)
+      // (int8 at the VNNI levels: 1 row after the blocks goes with the last as 4 + 3 rows; the
+      // 12-row tiles run 13-23 rows as two halves)
       const PrefillSplit sp = prefill_split(pkey, p.M - row);
-      call(KernelKind::gemm_prefill, max_rows, nv, s0, ns, row, sp.blocks, 0, sp.tail);
-      row += sp.blocks * max_rows + sp.tail;
+      call(KernelKind::gemm_prefill, prefill_rows, nv, s0, ns, row, sp.blocks, 0, sp.tail);
+      row += sp.blocks * prefill_rows + sp.tail;
     }
     if (p.M > row) call(KernelKind::gemm_decode, int(p.M - row), nv, s0, ns, row, 1);
   }
@@ -331,6 +335,36 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
         ASSERT_EQ(want, ref.rows[size_t(m)][n]) << p.repro() << " m=" << m << " n=" << n;
       }
   }
+}
+
+// int8 at avx512_bf16 over 2-vector strips (strip_vecs_for): 12-row tiles, the rows after the
+// blocks as one short tile, 13-23 rows as two halves (prefill_split), and 1-6 rows as the decode
+// tiles of those strips. Every row count from 1 to 40 (0-3 blocks and each tail and split), each
+// epilogue, a tail strip of one vector on odd M and K not a multiple of 16 on some: bit for bit
+// against the twin, and the twin against exact int64 math (store).
+TEST(Gemm, Int8TwelveRowTilesOverTwoVectorStrips) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 kernels";
+#endif
+  if (test::emulated_level(IsaLevel::avx512_bf16) && !test::interpreter_enabled())
+    GTEST_SKIP() << "no AVX512-BF16 here and KT_JIT_TEST_INTERPRET=0";
+  ASSERT_EQ(gemm_prefill_rows(IsaLevel::avx512_bf16, WeightFormat::int8, 2), kInt8Rows2v);
+  ASSERT_EQ(gemm_prefill_rows(IsaLevel::avx512_bf16, WeightFormat::int8, 4), 6);
+  ASSERT_EQ(gemm_prefill_rows(IsaLevel::avx512_vnni, WeightFormat::int8, 2), 6);
+  const Epilogue epis[] = {Epilogue::store, Epilogue::siluup, Epilogue::accum};
+  std::vector<std::string> names;
+  for (int64_t M = 1; M <= 40; ++M) {
+    Problem p{IsaLevel::avx512_bf16, WeightFormat::int8, epis[M % 3],      M,
+              M % 2 ? 80 : 64,       M % 4 ? 132 : 256,  uint32_t(700 + M)};
+    p.strip_vecs = 2;
+    check_problem(p, &names);
+    if (HasFatalFailure()) return;
+  }
+  // the 12-row kernels ran (and the decode tiles over 2-vector strips)
+  EXPECT_NE(std::find(names.begin(), names.end(), "gemm_prefill_int8_avx512bf16_m12n32_accum"),
+            names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "gemm_decode_int8_avx512bf16_m3n32_store"),
+            names.end());
 }
 
 // avx2 / avx512 int4 kernels add kInt4SumSteps K steps of a * (q4 + 8) pair sums in int16
@@ -670,14 +704,21 @@ TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
 // many bytes on, and past the last strip that many bytes.
 TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
   const int64_t N = 3 * 64, K = 256;  // three full 64-column strips
-  for (const WeightFormat fmt : {WeightFormat::int8, WeightFormat::bf16, WeightFormat::int4})
+  // (the 6-row tiles over 4-vector strips, and the 12-row ones over 2-vector strips of int8
+  // and bf16 at avx512_bf16: strip_vecs_for)
+  const std::pair<WeightFormat, int> cases[] = {{WeightFormat::int8, 4},
+                                                {WeightFormat::bf16, 4},
+                                                {WeightFormat::int4, 4},
+                                                {WeightFormat::int8, 2},
+                                                {WeightFormat::bf16, 2}};
+  for (const auto& [fmt, sv] : cases)
     for (const int rows : {5, 6, 7, 8, 9, 11, 12, 13, 14, 16, 19, 20, 24, 25, 32, 47, 48, 61}) {
       const bool bf16 = fmt == WeightFormat::bf16;
-      KernelKey key = key_for(IsaLevel::avx512_bf16, KernelKind::gemm_prefill, 6, kStripVecs,
+      KernelKey key = key_for(IsaLevel::avx512_bf16, KernelKind::gemm_prefill, sv == 2 ? 12 : 6, sv,
                               Epilogue::store, fmt);
       if (bf16) key.variant = kBf16Pairs;
       if (!bf16 && rows < 7) continue;  // int8 / int4 prefill calls start at 7 rows
-      const auto l = formats::StripLayout::make(N, K, 16, kStripVecs, 1,
+      const auto l = formats::StripLayout::make(N, K, 16, sv, 1,
                                                 bf16                        ? 16
                                                 : fmt == WeightFormat::int4 ? 4
                                                                             : 8,

@@ -344,7 +344,7 @@ class Machine {
     if (in.d.meta.category == ZYDIS_CATEGORY_COND_BR)
       return cond(rip, in.d.mnemonic) ? next + uint64_t(in.op[0]->imm.value.s) : next;
     if (in.d.mnemonic == ZYDIS_MNEMONIC_JMP) {
-      if (!is_imm(in.op[0])) fail(rip, "indirect jumps are not implemented");
+      if (!is_imm(in.op[0])) return read_int(rip, in, in.op[0]);  // (a register or memory)
       return next + uint64_t(in.op[0]->imm.value.s);
     }
     if ((in.nops > 0 && is_vreg(in.op[0])) ||
