@@ -114,8 +114,9 @@ using namespace Xbyak::util;
 class GemmGenerator : public JitGenerator {
  public:
   // Up to 128 KiB of code: a prefill kernel holds a tile for each way its blocks prefetch and
-  // for every tail size (the int8 siluup kernels at the VNNI levels pass 64 KiB; the 12-row BF16
-  // pair kernels, with 11 tail sizes and 11 splits, about 200 KiB: 512). Only one tile's K loop
+  // for every tail size (the int8 siluup kernels at the VNNI levels pass 64 KiB; the 12-row
+  // kernels of rows2v_kernel, with 11 tail sizes and 11 splits, 68-128 KB with their tail tiles
+  // shared, about 340 KB before: 512). Only one tile's K loop
   // runs at a time, so the size costs no instruction-cache misses in the loops.
   explicit GemmGenerator(const KernelKey& key)
       : JitGenerator(key.isa, rows2v_kernel(key) ? 512 * 1024 : 128 * 1024),
