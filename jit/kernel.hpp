@@ -223,6 +223,7 @@ class KernelCache {
   uint64_t misses_ = 0, bytes_ = 0;
   double gen_us_ = 0;
   std::atomic<bool> exec_refused_{false};
+  std::atomic<bool> dump_refused_{false};  // KT_JIT_DUMP's warning, said once
   std::string dump_dir_;
   bool perf_map_ = false;
 };

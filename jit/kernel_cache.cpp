@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -167,11 +168,20 @@ void KernelCache::on_published(const Kernel& k) {
   debug_log("kernel " + k.name + " [" + k.key.describe() + "] " + std::to_string(k.code.size()) +
             " B in " + std::to_string(k.gen_us) + " us");
   if (!dump_dir_.empty()) {
-    std::ofstream(dump_dir_ + "/" + k.name + ".bin", std::ios::binary)
-        .write(reinterpret_cast<const char*>(k.code.data()), std::streamsize(k.code.size()));
+    // The directory is made if it is missing; a dump that cannot be written is said once (it
+    // had failed silently: tools/kernel_profile.py then found no kernels to read).
+    std::error_code ec;
+    std::filesystem::create_directories(dump_dir_, ec);
+    std::ofstream bin(dump_dir_ + "/" + k.name + ".bin", std::ios::binary);
+    bin.write(reinterpret_cast<const char*>(k.code.data()), std::streamsize(k.code.size()));
     std::ofstream js(dump_dir_ + "/" + k.name + ".json");
     js << "{\"name\": \"" << k.name << "\", \"key\": \"" << k.key.describe()
        << "\", \"bytes\": " << k.code.size() << ", \"gen_us\": " << k.gen_us << "}\n";
+    bin.flush();
+    js.flush();
+    if ((!bin || !js) && !dump_refused_.exchange(true))
+      std::fprintf(stderr, "[kt-jit] warning: KT_JIT_DUMP=%s: cannot write the kernels there%s%s\n",
+                   dump_dir_.c_str(), ec ? " (" : "", ec ? (ec.message() + ")").c_str() : "");
   }
   if (perf_map_) {
     std::string path = "/tmp/perf-" + std::to_string(getpid()) + ".map";

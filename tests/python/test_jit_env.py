@@ -52,6 +52,18 @@ def test_dump_writes_every_kernel(tmp_path):
 
 
 @needs_jit
+def test_dump_makes_its_directory_or_says_it_cannot(tmp_path):
+    nested = tmp_path / "a" / "b"  # missing: made
+    names, _, err = _run({"KT_JIT_DUMP": str(nested)})
+    assert all((nested / f"{n}.bin").stat().st_size > 0 for n in names)
+    assert "KT_JIT_DUMP" not in err
+    blocker = tmp_path / "file"  # a file where the directory should be: one warning, no crash
+    blocker.write_text("")
+    names, _, err = _run({"KT_JIT_DUMP": str(blocker / "dump")})
+    assert names and err.count("KT_JIT_DUMP") == 1 and "cannot write" in err
+
+
+@needs_jit
 def test_perf_map_names_the_kernels():
     names, pid, _ = _run({"KT_JIT_PERF_MAP": "1"})
     path = f"/tmp/perf-{pid}.map"
