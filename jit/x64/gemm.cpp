@@ -704,13 +704,7 @@ class GemmGenerator : public JitGenerator {
       Label next;
       cmp(arg(offsetof(GemmArgs, m_tail)), t);
       jne(next, T_NEAR);
-      if (scratch_pairs())
-        mov(reg_w, arg(offsetof(GemmArgs, scratch)));
-      else
-        mov(reg_w, reg_strip);
-      mr_ = t;
-      compute_block(prefetch_next);
-      mr_ = rows;
+      tail_tile(t, prefetch_next);
       jmp(done, T_NEAR);
       L(next);
     }
@@ -774,15 +768,20 @@ class GemmGenerator : public JitGenerator {
     jmp(done, T_NEAR);
     for (int t = 1; t <= (used_full ? rows : rows - 1); ++t) {
       L(body[t]);
-      if (scratch_pairs())
-        mov(reg_w, arg(offsetof(GemmArgs, scratch)));
-      else
-        mov(reg_w, reg_strip);
-      mr_ = t;
-      compute_block(prefetch_next);
-      mr_ = rows;
+      tail_tile(t, prefetch_next);
       jmp(qword[ret_slot]);
     }
+  }
+  // One tile of t rows from reg_row over the strip (or its decoded scratch): tail_rows.
+  void tail_tile(int t, bool prefetch_next) {
+    const int rows = mr_;
+    if (scratch_pairs())
+      mov(reg_w, arg(offsetof(GemmArgs, scratch)));
+    else
+      mov(reg_w, reg_strip);
+    mr_ = t;
+    compute_block(prefetch_next);
+    mr_ = rows;
   }
 
   // One register tile: rows [reg_row, reg_row + mr) x the current strip, over all of K. Half-strip
