@@ -734,6 +734,8 @@ class GemmGenerator : public JitGenerator {
   // split runs the bodies of its two halves: a tile body per split half had made each kernel about
   // 340 KB and a Qwen3 INT8 layer's generation 4.7 ms (bar 5 ms).
   void tail_tiles_shared(bool prefetch_next, Label& done) {
+    if (!pf_var_kernel())  // (the slot is in the frame pf_var_kernel() reserves)
+      throw std::logic_error("gemm: shared tail tiles need the pf_var_ stack slots");
     const int rows = mr_;
     const RegExp ret_slot = rsp + pf_slot_ + 24;
     Label body[std::max(kInt8Rows2v, kBf16PairRows2v) + 1];  // (rows2v_kernel: m_r 12)
