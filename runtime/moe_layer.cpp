@@ -95,6 +95,13 @@ int format_bits(WeightFormat f) {
 
 // Row stride in bytes for scratch matrices: whole cache lines, and never a multiple of 1 KiB, so
 // the rows a register tile touches together do not share L1 sets (4K aliasing).
+// Σ of n int8 values (the kernels' activation sums, GemmArgs::a_gsum).
+int32_t row_sum_i8(const int8_t* q, int64_t n) {
+  int32_t sum = 0;
+  for (int64_t k = 0; k < n; ++k) sum += q[k];
+  return sum;
+}
+
 int64_t unaliased_stride(int64_t row_bytes) {
   const int64_t s = round_up(row_bytes, 64);
   return s % 1024 == 0 ? s + 64 : s;
@@ -191,6 +198,7 @@ struct MoELayer::Scratch {
   std::vector<float> row_weight;
   const float* x = nullptr;
   int64_t T = 0, rows = 0, lda_x = 0, p_stride = 0;
+  int64_t gsum_g = 0, gsum_groups = 0;  // prefill gate/up: act_sum_groups (0: none)
   bool decode = false;  // every expert fits one decode tile (see forward())
   // Prefill, bf16 / fp8 weights: the rows of the experts whose gate/up runs the whole pair tier
   // (MoELayer::pair_tier_whole) are gathered as bf16, each token rounded once (xb), instead
@@ -200,6 +208,7 @@ struct MoELayer::Scratch {
   struct PerPool {
     HugeVector<int8_t> xq;  // tokens quantized once (prefill), gathered per expert by gate/up
     std::vector<float> xs;
+    std::vector<int32_t> xg;  // [T][groups]: each token's activation sums (act_sum_groups)
     HugeVector<uint16_t> xb;  // [T][H] bf16 (gu_bf16)
   };
   struct PerShard {
@@ -938,6 +947,14 @@ PrefillSplit tile_tier_split(const GemmKernelSet& ks, int64_t rows, bool padded)
   return {(padded ? round_up(rows, ks.tile_rows) : rows) / ks.tile_rows, 0};
 }
 
+std::pair<int64_t, int64_t> MoELayer::act_sum_groups(const GemmKernelSet& ks,
+                                                     const formats::StripLayout& layout) const {
+  if (format_ == WeightFormat::qgroup && qgroup_needs_gsum(ks.prefill_full))
+    return {layout.g_steps * 4, layout.groups()};
+  if (int4_int16_sums(isa_, format_)) return {layout.k, 1};
+  return {0, 0};
+}
+
 bool MoELayer::pair_tier(const GemmKernelSet& ks, int64_t k, int64_t rows) {
   return ks.tile_rows && block_pair_kernel(ks.tile_full) && rows >= ks.tile_min_rows && k % 2 == 0;
 }
@@ -947,29 +964,23 @@ void MoELayer::run_gemm(const GemmKernelSet& ks, const formats::StripLayout& lay
                         int64_t strip_begin, int64_t strip_end, const int8_t* a, int64_t lda,
                         const float* a_scale, int64_t rows, float* const* out_rows,
                         int64_t out_col0, const float* row_weight, const float* gscale,
-                        const int8_t* pf_last, const uint16_t* a_bf16) const {
+                        const int8_t* pf_last, const uint16_t* a_bf16,
+                        const int32_t* a_gsum) const {
   if (a_bf16 && !pair_tier_whole(ks, layout.k, rows))
     throw std::logic_error("run_gemm: bf16 rows given to a call outside the whole pair tier");
   const int full_cols = layout.strip_cols(layout.strip_vecs);
   const int out_full = gemm_strip_out_cols(isa_, layout.strip_vecs, ks.epilogue);
-  // The rows' activation sums of GemmArgs::a_gsum ([g][row]), computed here once per call from
-  // the int8 rows the kernels read: qgroup's per-group s_g (the VNNI offset, the bias term), and
-  // for avx2 / avx512 int4 (int4_int16_sums) one group over K, which those kernels take off their
-  // sums of the codes q4 + 8.
-  const int32_t* gsum = nullptr;
-  const bool qg_sums = format_ == WeightFormat::qgroup && qgroup_needs_gsum(ks.prefill_full);
-  if (qg_sums || int4_int16_sums(isa_, format_)) {
+  // The rows' activation sums of GemmArgs::a_gsum ([g][row]): qgroup's per-group s_g (the VNNI
+  // offset, the bias term), and for avx2 / avx512 int4 (int4_int16_sums) one group over K, which
+  // those kernels take off their sums of the codes q4 + 8. Given by the caller (`a_gsum`: prefill
+  // gate/up sums each token once) or computed here from the int8 rows the kernels read.
+  const int32_t* gsum = a_gsum;
+  if (const auto [G, groups] = act_sum_groups(ks, layout); groups > 0 && !gsum) {
     static thread_local std::vector<int32_t> gs;
-    const int64_t G = qg_sums ? layout.g_steps * 4 : layout.k;
-    const int64_t groups = qg_sums ? layout.groups() : 1;
     gs.resize(size_t(groups * rows));
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t g = 0; g < groups; ++g) {
-        const int8_t* q = a + r * lda + g * G;
-        int32_t sum = 0;
-        for (int64_t k = 0; k < G; ++k) sum += q[k];
-        gs[size_t(g * rows + r)] = sum;
-      }
+      for (int64_t g = 0; g < groups; ++g)
+        gs[size_t(g * rows + r)] = row_sum_i8(a + r * lda + g * G, G);
     gsum = gs.data();
   }
   // pair tier (bf16: AMX-BF16 at isa amx, vdpbf16ps at avx512_bf16; fp8: vdpbf16ps at
@@ -1239,11 +1250,14 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
       if (pair_tier_whole(gu0, H, s.count[size_t(e)]))
         std::fill_n(s.row_bf16.begin() + s.offset[size_t(e)], s.count[size_t(e)], uint8_t(1));
   }
+  s.gsum_g = s.gsum_groups = 0;
+  if (!s.decode) std::tie(s.gsum_g, s.gsum_groups) = act_sum_groups(gu0, shards_[0].gu);
   if (!s.decode)
     for (int p = 0; p < std::min(P, S); ++p) {
       auto& ps = s.pools[size_t(p)];
       ps.xq.resize(size_t(T * s.lda_x));
       ps.xs.resize(size_t(T));
+      ps.xg.resize(size_t(T * s.gsum_groups));
       if (s.gu_bf16) ps.xb.resize(size_t(T * H));
     }
   s.shards.resize(size_t(S));
@@ -1261,6 +1275,9 @@ void MoELayer::forward(int64_t T, const float* x, const int64_t* ids, const floa
         quantize_act_row(rq, x + t * H, H, float_act, flip, s.lda_x, ps.xq.data() + t * s.lda_x,
                          &ps.xs[size_t(t)]);
         if (s.gu_bf16) rq.to_bf16(x + t * H, H, ps.xb.data() + t * H);
+        for (int64_t g = 0; g < s.gsum_groups; ++g)  // (each token once, not once per expert)
+          ps.xg[size_t(t * s.gsum_groups + g)] =
+              row_sum_i8(ps.xq.data() + t * s.lda_x + g * s.gsum_g, s.gsum_g);
       }
       wk.barrier();  // forward_shard's gate/up gathers each expert's rows from these
     }
@@ -1363,6 +1380,7 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
   static thread_local std::vector<int8_t> own_q;
   static thread_local std::vector<float> own_s;
   static thread_local HugeVector<int8_t> own_rows;  // (prefill, below: 64-byte aligned)
+  static thread_local std::vector<int32_t> own_g;
   const auto* pool_s = s.decode ? nullptr : &s.pools[size_t(wk.pool)];
   for (int64_t u = u0; u < u1;) {
     const int64_t ai = u / gu_strips, st0 = u % gu_strips;
@@ -1372,6 +1390,7 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
     const int8_t* a;
     const float* a_scale;
     const uint16_t* a_bf16 = nullptr;
+    const int32_t* a_gsum = nullptr;
     if (pool_s) {
       // Prefill: this expert's rows, gathered from the pool's tokens (quantized, or rounded to
       // bf16, once each) into a thread-local buffer right before its gate/up call, so its tiles
@@ -1393,6 +1412,14 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
       a = own_rows.data();
       a_scale = own_s.data();
       if (bf) a_bf16 = ob;
+      if (s.gsum_groups) {  // the tokens' sums, [g][row] as GemmArgs::a_gsum
+        own_g.resize(size_t(m * s.gsum_groups));
+        for (int64_t i = 0; i < m; ++i) {
+          const int32_t* tg = pool_s->xg.data() + s.row_token[size_t(row0 + i)] * s.gsum_groups;
+          for (int64_t g = 0; g < s.gsum_groups; ++g) own_g[size_t(g * m + i)] = tg[g];
+        }
+        a_gsum = own_g.data();
+      }
     } else {
       own_q.resize(size_t(m * s.lda_x));
       own_s.resize(size_t(m));
@@ -1413,7 +1440,7 @@ void MoELayer::forward_shard(int si, Scratch& s, bool reference, const PoolWork&
              sh.comps.as<int32_t>() + e * sh.expert_cols, st0, st1, a, s.lda_x, a_scale, m,
              ss.h_rows.data() + row0, 0, nullptr,
              sh.expert_gscale ? sh.gscales.as<float>() + e * sh.expert_gscale : nullptr, next,
-             a_bf16);
+             a_bf16, a_gsum);
     u += st1 - st0;
   }
   wk.barrier();

@@ -235,7 +235,12 @@ class MoELayer {
                 int64_t strip_end, const int8_t* a, int64_t lda, const float* a_scale, int64_t rows,
                 float* const* out_rows, int64_t out_col0, const float* row_weight,
                 const float* gscale, const int8_t* pf_last = nullptr,
-                const uint16_t* a_bf16 = nullptr) const;
+                const uint16_t* a_bf16 = nullptr, const int32_t* a_gsum = nullptr) const;
+  // The activation sums run_gemm's kernels take (GemmArgs::a_gsum: qgroup's per-group sums, the
+  // int16-sum int4 levels' one group over K): their group length and count for `layout` (0: the
+  // kernels take none).
+  std::pair<int64_t, int64_t> act_sum_groups(const GemmKernelSet& ks,
+                                             const formats::StripLayout& layout) const;
   // Whether calls of `rows` rows of this kernel set run the vdpbf16ps / AMX-BF16 pair tier (bf16
   // activations, K even), and whether they run it with all their rows and no padding: the calls
   // that can take their rows already in bf16 (run_gemm's a_bf16).
