@@ -2206,10 +2206,7 @@ class GemmGenerator : public JitGenerator {
   }
   void advance_pairs(int pairs, bool prefetch_next, int w_bytes_per_pair = 0) {
     if (prefetch_next && !pf_var_) add(reg_pf, pair_pf_bytes() * pairs);
-    add(reg_a, 4 * pairs);
-    if (mr_ > 3) add(reg_a3, 4 * pairs);
-    if (mr_ > 6) add(reg_a6, 4 * pairs);
-    if (mr_ > 9) add(reg_a9, 4 * pairs);
+    advance_rows(4 * pairs);
     add(reg_w, (w_bytes_per_pair ? w_bytes_per_pair : nv_ * 64) * pairs);
   }
 
@@ -2226,11 +2223,15 @@ class GemmGenerator : public JitGenerator {
   void advance(int steps, bool prefetch_next) {
     const int a_bytes = bf16_ ? 8 : 4;  // bf16 FMA kernels: two fp32 activations a step
     if (prefetch_next && !pf_var_) add(reg_pf, 64 * pf_lines_ * ((steps + 1) / 2));
-    add(reg_a, a_bytes * steps);
-    if (mr_ > 3) add(reg_a3, a_bytes * steps);
-    if (mr_ > 6) add(reg_a6, a_bytes * steps);  // (12-row tiles: int8_rows2v)
-    if (mr_ > 9) add(reg_a9, a_bytes * steps);
+    advance_rows(a_bytes * steps);
     advance_w(step_bytes() * steps);
+  }
+  // Moves the tile's row pointers (a_row: 3 rows each) on by `bytes`.
+  void advance_rows(int bytes) {
+    add(reg_a, bytes);
+    if (mr_ > 3) add(reg_a3, bytes);
+    if (mr_ > 6) add(reg_a6, bytes);  // (the 12-row tiles: rows2v_kernel)
+    if (mr_ > 9) add(reg_a9, bytes);
   }
 
   // One K step (`u` steps past the pointers): 4 k for every (row, vector) of the tile.
