@@ -212,6 +212,11 @@ class KernelCache {
 
   CacheStats stats() const;
   bool exec_refused() const { return exec_refused_.load(); }
+  // Forgets every kernel generated so far (returns how many): later get()s generate afresh, so a
+  // setting the generators read when they generate takes effect for the next layer built; the
+  // forgotten kernels stay alive for the layers that hold them. For in-process A/Bs of
+  // generator settings (tools/ab_layer.py --fresh-kernels); not for serving.
+  size_t retire_all();
 
  private:
   KernelCache();
@@ -219,6 +224,7 @@ class KernelCache {
 
   mutable std::mutex mu_;
   std::unordered_map<KernelKey, std::unique_ptr<Kernel>, KernelKeyHash> map_;
+  std::vector<std::unique_ptr<Kernel>> retired_;  // retire_all(): kept for their holders
   std::atomic<uint64_t> hits_{0};
   uint64_t misses_ = 0, bytes_ = 0;
   double gen_us_ = 0;

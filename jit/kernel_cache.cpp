@@ -164,6 +164,14 @@ const Kernel* KernelCache::get(const KernelKey& key) {
   return out;
 }
 
+size_t KernelCache::retire_all() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t n = map_.size();
+  for (auto& [key, k] : map_) retired_.push_back(std::move(k));
+  map_.clear();
+  return n;
+}
+
 void KernelCache::on_published(const Kernel& k) {
   debug_log("kernel " + k.name + " [" + k.key.describe() + "] " + std::to_string(k.code.size()) +
             " B in " + std::to_string(k.gen_us) + " us");

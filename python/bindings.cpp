@@ -484,6 +484,12 @@ PYBIND11_MODULE(_core, m) {
   });
 
   m.def(
+      "retire_kernels", [] { return KernelCache::instance().retire_all(); },
+      "Forget the generated kernels (they stay alive for the layers holding them), so the next "
+      "layer built generates its own: in-process A/Bs of settings the generators read "
+      "(tools/ab_layer.py --fresh-kernels). Returns how many were forgotten.");
+
+  m.def(
       "machine_limits",
       [] {
         MachineLimits l;

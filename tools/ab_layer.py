@@ -14,6 +14,11 @@ layer is built first can matter (memory placement), so alternate the order betwe
 
 Also prints both layers' prefill kernel names and the relative L1 difference of their outputs.
 Timing only; correctness is the tests' job.
+
+Kernels are cached by their key, so two layers whose settings give the same keys share their
+kernels. To A/B a setting the generators read when they generate (the same keys, other code), pass
+`--fresh-kernels`: each layer is then built after `_core.retire_kernels()`, with kernels of its
+own. (A setting a generator reads once per process, e.g. into a `static`, still cannot differ.)
 """
 
 from __future__ import annotations
@@ -48,6 +53,12 @@ def main(argv=None) -> int:
     p.add_argument("--b", action="append", default=[], help="NAME=VALUE for layer B (repeatable)")
     p.add_argument("--order", choices=("AB", "BA"), default="AB", help="which layer is built first")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--fresh-kernels",
+        action="store_true",
+        help="generate each layer's kernels afresh (_core.retire_kernels() before each build), "
+        "for settings the generators read when they generate",
+    )
     p.add_argument(
         "--routings",
         type=int,
@@ -88,6 +99,8 @@ def main(argv=None) -> int:
         saved = {k: os.environ.get(k) for k, _ in envs[which]}
         os.environ.update(dict(envs[which]))
         try:
+            if args.fresh_kernels:
+                _core.retire_kernels()
             layer = bench._make_layer(_core, args.method, E, K, H, I, _core.isa(), args.gguf_type)
             if isinstance(src[0], torch.Tensor):
                 bench._load_layer(layer, args.method, *src, torch)

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -54,6 +55,29 @@ TEST(JitCore, CacheGeneratesOnceAndCounts) {
   EXPECT_EQ(s1.hits, s0.hits + 1);
   EXPECT_GT(s1.bytes, 0u);
   EXPECT_GT(a->gen_us, 0.0);
+}
+
+// retire_all (tools/ab_layer.py --fresh-kernels): the next get() generates again, and the kernel
+// handed out before stays where it was, published and unchanged, for whoever holds it.
+TEST(JitCore, RetiredKernelsStayAliveAndGetGeneratesAgain) {
+  auto levels = test::runnable_levels();
+  if (levels.empty()) GTEST_SKIP() << "this CPU runs no generated x86 level";
+  KernelKey k = some_key(levels.back(), 3);
+  k.epilogue = Epilogue::store;
+  auto& c = KernelCache::instance();
+  const Kernel* a = c.get(k);
+  ASSERT_NE(a, nullptr);
+  EXPECT_GE(c.retire_all(), 1u);
+  const CacheStats s0 = c.stats();
+  const Kernel* b = c.get(k);
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(a, b);
+  EXPECT_NE(a->entry(), b->entry());
+  EXPECT_EQ(c.stats().misses, s0.misses + 1);
+  EXPECT_EQ(a->code, b->code);  // the same generator, the same bytes
+  ASSERT_NE(a->entry(), nullptr);
+  EXPECT_EQ(std::memcmp(a->entry(), a->code.data(), a->code.size()), 0);
+  EXPECT_EQ(c.get(k), b);  // cached again
 }
 
 TEST(JitCore, NamesSpellTheKey) {

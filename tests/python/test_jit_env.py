@@ -143,3 +143,37 @@ def test_decode_prefetch_distance_is_tunable(tmp_path):
     )
     assert p.returncode != 0
     assert "KT_JIT_DECODE_PREFETCH: expected a byte count, a multiple of 64" in p.stderr
+
+
+@needs_jit
+def test_retired_kernels_keep_working_and_the_next_layer_generates_its_own():
+    # _core.retire_kernels (tools/ab_layer.py --fresh-kernels): a layer built after it generates
+    # its kernels again, and the layer built before keeps running on the ones it holds.
+    import torch
+
+    _core.init_pool(1, 1)
+    g = torch.randn(4, 48, 64)
+    d = torch.randn(4, 64, 48)
+    x = torch.randn(3, 64)
+    ids = torch.tensor([[0, 1], [2, 3], [1, -1]])
+    w = torch.rand(3, 2)
+
+    def build():
+        layer = _core.MoELayer(4, 2, 64, 48, "AMXINT8")
+        layer.load_from_float(g.data_ptr(), g.data_ptr(), d.data_ptr(), "f32", 0)
+        return layer
+
+    def run(layer):
+        out = torch.empty(3, 64)
+        layer.forward(3, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0, out.data_ptr())
+        return out
+
+    a = build()
+    out_a = run(a)
+    assert _core.retire_kernels() >= len(set(a.kernel_names())) > 0
+    misses = _core.cache_stats()["misses"]
+    b = build()
+    # (at least its GEMM kernels; the row quantizers' come from the cache too)
+    assert _core.cache_stats()["misses"] - misses >= len(set(b.kernel_names()))
+    assert torch.equal(run(b), out_a)
+    assert torch.equal(run(a), out_a)
