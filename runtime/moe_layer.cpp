@@ -93,8 +93,6 @@ int format_bits(WeightFormat f) {
   return f == WeightFormat::bf16 ? 16 : f == WeightFormat::int4 ? 4 : 8;
 }
 
-// Row stride in bytes for scratch matrices: whole cache lines, and never a multiple of 1 KiB, so
-// the rows a register tile touches together do not share L1 sets (4K aliasing).
 // Σ of n int8 values (the kernels' activation sums, GemmArgs::a_gsum).
 int32_t row_sum_i8(const int8_t* q, int64_t n) {
   int32_t sum = 0;
@@ -102,6 +100,8 @@ int32_t row_sum_i8(const int8_t* q, int64_t n) {
   return sum;
 }
 
+// Row stride in bytes for scratch matrices: whole cache lines, and never a multiple of 1 KiB, so
+// the rows a register tile touches together do not share L1 sets (4K aliasing).
 int64_t unaliased_stride(int64_t row_bytes) {
   const int64_t s = round_up(row_bytes, 64);
   return s % 1024 == 0 ? s + 64 : s;
