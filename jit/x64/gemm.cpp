@@ -1042,13 +1042,21 @@ class GemmGenerator : public JitGenerator {
   // fp8 pair prefill in rounds (rounds_kernel): a call of 1 .. kRoundBlocks blocks runs each
   // strip group by group (64 k pairs, one scale per strip half), every block and the tail rows
   // one pass over the group: the first block decodes the group's codes into the first 16 KB of
-  // the scratch (microkernel_fp8_fused, which prefetches the next strip) and the other passes
-  // read them there, while they are in L1. Each pass folds its group sums into its rows' fp32
-  // slots on the stack, and the epilogues run after the last group. Block by block, the first
-  // block wrote the whole strip's bf16 pairs (twice its fp8 bytes) to L2 and every later block
-  // read them back from there: at Qwen3-30B-A3B T = 256 (16 rows an expert) dropping only those
-  // writes made the layer 1.06-1.10x faster (a Zen 5). Same sums in the same order: the same
-  // bits as the blocks.
+  // the scratch (microkernel_fp8_fused) and the other passes read them there, while they are in
+  // L1. Each pass folds its group sums into its rows' fp32 slots on the stack, and the epilogues
+  // run after the last group. Block by block, the first block wrote the whole strip's bf16 pairs
+  // (twice its fp8 bytes) to L2 and every later block read them back from there: at
+  // Qwen3-30B-A3B T = 256 (16 rows an expert) dropping only those writes made the layer
+  // 1.06-1.10x faster (a Zen 5). Same sums in the same order: the same bits as the blocks.
+  // Every pass asks for the next strip's lines of its group (two lines a k pair, each line once
+  // a pass), the later passes again from where the first began (kRoundPrefetch). The first pass
+  // runs a fraction of the group's time (at 16 rows about a third), so alone it asked for the
+  // lines faster than one core's DRAM stream gives them, and this core drops a software
+  // prefetch it has no room for: a Qwen3 FP8 layer at T = 256 then ran 45-55 ms from process to
+  // process (each process steady), the extra time on the first pass's weight loads (perf
+  // samples on the decode right after them). With every pass asking: 45-47 ms in every process
+  // (2026-11-29, a Zen 5: 8 alternating process pairs 45.2-46.2 against 45.4-52.7 ms; in-process
+  // A/Bs 0.88-0.99x; T = 128 1.00x).
   static constexpr int kRoundBlocks = 8;
   bool rounds_ = false;
   int rounds_stack_ = 0;  // [rsp + rounds_stack_ + kRound*]: the scalars below, then the slots
@@ -1057,6 +1065,7 @@ class GemmGenerator : public JitGenerator {
   static constexpr int kRoundScales = 16;  // the group's scale entry
   static constexpr int kRoundPairs = 24;   // the group's k pairs
   static constexpr int kRoundSlots = 32;   // the slots (64-byte aligned): row r at r * nv_ * 64
+  static constexpr int kRoundPrefetch = 40;  // the group's first line of the next strip (reg_pf)
   static constexpr int kRoundScalars = 64;
   static constexpr int kRoundRows = (kRoundBlocks + 1) * 6;
   bool rounds_kernel() const {
@@ -1094,12 +1103,14 @@ class GemmGenerator : public JitGenerator {
       mov(reg_w, qword[rsp + rounds_stack_ + kRoundCodes]);
       mov(reg_sw, arg(offsetof(GemmArgs, scratch)));
       fp8_fused_constants();
+      mov(qword[rsp + rounds_stack_ + kRoundPrefetch], reg_pf);
     } else {
       mov(reg_w, arg(offsetof(GemmArgs, scratch)));
+      mov(reg_pf, qword[rsp + rounds_stack_ + kRoundPrefetch]);  // the group's lines again
     }
     zero_gacc();
     fuse_ = first;
-    fp8_group_steps(first);
+    fp8_group_steps(true);  // every pass asks for the next strip's lines of the group
     fuse_ = false;
     if (first) mov(qword[rsp + rounds_stack_ + kRoundCodes], reg_w);
     round_slots();

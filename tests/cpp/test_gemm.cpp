@@ -788,6 +788,71 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
 #endif
 
 #if !defined(__aarch64__)
+// fp8 pair prefill at avx512_bf16 (calls of 1 .. 8 blocks in rounds, jit/x64/gemm.cpp
+// strip_rounds): every pass over a group, each block's and the tail's, asks for the next strip's
+// lines of that group, so a call of P passes asks for every line of the next strip P times (the
+// first pass alone asked for them faster than DRAM gave them, and the core dropped some). Calls
+// of more blocks go block by block, the first block asking for each line once. Counted in the
+// interpreter, which logs each prefetch, over a call of strips 0-1: the lines of strips 1 and 2.
+TEST(Gemm, Fp8RoundsAskForTheNextStripInEveryPass) {
+  for (const uint32_t seed : {10u, 11u}) {  // the pair order, with block and with row scales
+    Problem p{IsaLevel::avx512_bf16, WeightFormat::fp8, Epilogue::store, 60, 3 * 64, 256, seed};
+    const Packed pk = make_weights(p);
+    const auto& l = pk.layout;
+    ASSERT_TRUE(p.fp8_pairs() && l.fp8_pair_order);
+    ASSERT_EQ(l.full_strips, 3);
+    ASSERT_EQ(l.tail_vecs, 0);
+    KernelKey key = key_for(IsaLevel::avx512_bf16, KernelKind::gemm_prefill, 6, l.strip_vecs,
+                            Epilogue::store, WeightFormat::fp8);
+    key.variant = uint16_t(kBf16Pairs | kFp8PairOrder);
+    const int64_t strip = l.strip_offset(1) - l.strip_offset(0);
+    const int64_t code_bytes = 2 * l.strip_cols(l.strip_vecs) * (p.K / 2);  // 2 bytes a k pair
+    ASSERT_LE(code_bytes, strip);
+    // 1 block; 1 + a tail of 3; 2 + 4; 8 + 5 (rounds: 1, 2, 3, 9 passes); 10 blocks (one by one)
+    for (const int64_t rows : {6, 9, 16, 53, 60}) {
+      const PrefillSplit sp = prefill_split(key, rows);
+      const int64_t blocks = sp.blocks, passes = blocks <= 8 ? blocks + (sp.tail > 0) : 1;
+      std::vector<uint16_t> a(size_t(rows * p.K), 0);  // bf16 rows
+      std::vector<float> a_scale(size_t(rows), 1.0f), out(size_t(rows * p.N), 0.0f);
+      std::vector<float*> out_rows;
+      for (int64_t r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
+      std::vector<uint8_t> scratch(size_t(gemm_scratch_bytes(key, l.k4)));
+      GemmArgs args{};
+      args.a = reinterpret_cast<const int8_t*>(a.data());
+      args.lda = p.K * 2;
+      args.w = pk.w.data();
+      args.n_strips = 2;
+      args.k4 = l.k4;
+      args.a_scale = a_scale.data();
+      args.w_scale = pk.scale.data();
+      args.w_comp = pk.comp.data();
+      args.out_rows = out_rows.data();
+      args.m_blocks = blocks;
+      args.m_tail = sp.tail;
+      args.w_gscale = pk.gscale.data();
+      args.g_steps = l.g_steps;
+      args.g_per_strip = l.groups();
+      args.scratch = scratch.data();
+      std::map<int64_t, int> asked;  // line (from the weights' first) -> times
+      const auto w0 = int64_t(reinterpret_cast<uintptr_t>(pk.w.data()) / 64);
+      for (const uint64_t line : test::prefetch_lines(key, args)) ++asked[int64_t(line) - w0];
+      int fewest = 1 << 30, most = 0;
+      for (int s = 1; s <= 2; ++s)  // strip 0 asks for strip 1's lines, strip 1 for strip 2's
+        for (int64_t b = 0; b < code_bytes; b += 64) {
+          const int64_t line = (l.strip_offset(s) + b) / 64;
+          const int n = asked.count(line) ? asked[line] : 0;
+          fewest = std::min(fewest, n);
+          most = std::max(most, n);
+        }
+      EXPECT_EQ(fewest, passes) << key.name() << " seed " << seed << ", " << rows << " rows ("
+                                << blocks << " blocks, tail " << sp.tail << ")";
+      EXPECT_LE(most, passes + 1) << key.name() << " " << rows << " rows";
+    }
+  }
+}
+#endif
+
+#if !defined(__aarch64__)
 // Prefill accumulate tiles read-modify-write their rows' output lines, scattered over the
 // tokens' partial rows (T x H fp32), which at large T come from DRAM: each tile asks for the
 // next tile's lines a whole tile ahead (jit/x64/gemm.cpp prefetch_next_tile_outputs). Checked
