@@ -2940,9 +2940,11 @@ class GemmGenerator : public JitGenerator {
     vpsubw(t, t, zword[rip + c_4380w_]);
     vmovups(mx_scale(v), t);
   }
+  // use(v, a, b, t): vectors v and v + 1 decoded in a and b, t free (full strips: nv_ even).
   template <class Use>
   void mx8_word_decode(const RegExp& wm, Use use) {
     const Zmm sgn(26), row0(27), p(28), lo(29), hi(30), w(31);
+    if (nv_ % 2) throw std::logic_error("gemm: mx8_word_decode takes vectors in pairs");
     vmovdqu8(row0, zword[wm]);
     for (int j = 0; 2 * j < nv_; ++j) {
       vmovdqu8(p, zword[rip + c_fp8_idx_[j]]);
@@ -2951,36 +2953,36 @@ class GemmGenerator : public JitGenerator {
       vpermi2b(lo, Zmm(24), zword[rip + c_fp8_lut_[0] + 64]);
       vmovdqa64(hi, p);
       vpermi2b(hi, Zmm(25), zword[rip + c_mx8_hi_ + 64]);
-      for (int h = 0; h < 2 && 2 * j + h < nv_; ++h) {
-        const int v = 2 * j + h;
+      for (int h = 0; h < 2; ++h) {  // the second vector into lo (free once both are unpacked)
+        const Zmm d = h ? lo : w;
         if (h == 0) {
-          vpunpcklbw(w, lo, hi);
+          vpunpcklbw(d, lo, hi);
           vpunpcklbw(sgn, p, p);
         } else {
-          vpunpckhbw(w, lo, hi);
+          vpunpckhbw(d, lo, hi);
           vpunpckhbw(sgn, p, p);
         }
-        vpaddw(w, w, mx_scale(v));
-        vpmaxsw(w, w, zword[rip + c_zero_]);
-        vpternlogd(w, sgn, zword[rip + c_8000w_], 0xf8);  // w | (the byte's sign at bit 15)
-        use(v, w);
+        vpaddw(d, d, mx_scale(2 * j + h));
+        vpmaxsw(d, d, zword[rip + c_zero_]);
+        vpternlogd(d, sgn, zword[rip + c_8000w_], 0xf8);  // d | (the byte's sign at bit 15)
       }
+      use(2 * j, w, lo, hi);
     }
   }
 
   // The mx pair prefill's first block likewise (fused_first), four k pairs at a time. mxfp4: per
   // 32-k group the columns' scales into zmm24-27, then per k pair and vector the decode of
-  // mx_fma_repack (e2m1 through vpermps with the table in memory; times the scale; the top 16
-  // bits as pairs; temporaries zmm28-31, two vectors at a time; one dword of nibbles per column
-  // holds 8 k). mxfp8: the integer decode above (mx8_word_decode; its fp16 route's vcvtph2ps and
-  // two vmulps a vector took the vdpbf16ps pipes, tools/coissue.cpp). Each pair is stored to the
-  // scratch and fed to the block's vdpbf16ps (accumulators zmm0-23): mxfp4 with each row's pair
-  // broadcast into a register once for two vectors, mxfp8 as a {1to16} operand of each. The
-  // decode's own loads (codes, table, mask: five a vector) and the operands' broadcasts shared
-  // the two load pipes with nothing else to spare (a {1to16} vdpbf16ps loop takes one load
-  // slot per extra load, tools/coissue.cpp); with the register broadcasts a Qwen3 MXFP4 layer
-  // ran 0.92-0.93x the time at T = 256, 0.94x at 64, 0.98x at 1024 (in-process A/Bs, a Zen 5,
-  // 2026-11-29; the same bits).
+  // mx_fma_repack (e2m1 through vpermps with the table in memory; times the scale; the top 16 bits
+  // as pairs; temporaries zmm28-31; one dword of nibbles per column holds 8 k). mxfp8: the integer
+  // decode above (mx8_word_decode; its fp16 route's vcvtph2ps and two vmulps a vector took the
+  // vdpbf16ps pipes, tools/coissue.cpp). Each pair is stored to the scratch and fed to the block's
+  // vdpbf16ps (accumulators zmm0-23), two vectors at a time with each row's pair broadcast into a
+  // register once for both. Until 2026-11-29 each vector's dots took the pair as a {1to16} operand:
+  // with the decode's own loads (mxfp4: codes, table, mask, five a vector) they shared the two load
+  // pipes with nothing to spare (a {1to16} vdpbf16ps loop takes one load slot per extra load,
+  // tools/coissue.cpp). With the register broadcasts (a Zen 5, the same bits): Qwen3 MXFP4 layers
+  // 0.92-0.93x the time at T = 256, 0.94x at 64, 0.98x at 1024 (in-process A/Bs); MXFP8 0.89-0.94x
+  // at 256, 0.91-0.96x at 64, 0.94-0.96x at 1024 (alternating processes).
   void k_loop_mx_fused(bool prefetch_next) {
     Label group, quad, done;
     const int cols = strip_cols();
@@ -3005,12 +3007,19 @@ class GemmGenerator : public JitGenerator {
         if (prefetch_next)
           for (int off = 0; off < pair_pf_bytes(); off += 64)
             prefetcht1(ptr[reg_pf + p * pair_pf_bytes() + off]);
-        auto feed = [&](int v, const Zmm& w) {  // to the scratch and the block's dot products
-          if (fuse_store_) vmovups(zword[reg_sw + (p * nv_ + v) * 64], w);
-          for (int m = 0; m < mr_; ++m) vdpbf16ps(acc(m, v), w, ptr_b[a_row(m) + 4 * p]);
-        };
         if (mx8_) {
-          mx8_word_decode(reg_w + 2 * p * cols, feed);
+          mx8_word_decode(reg_w + 2 * p * cols,
+                          [&](int v, const Zmm& a, const Zmm& b, const Zmm& t) {
+                            if (fuse_store_) {
+                              vmovups(zword[reg_sw + (p * nv_ + v) * 64], a);
+                              vmovups(zword[reg_sw + (p * nv_ + v + 1) * 64], b);
+                            }
+                            for (int m = 0; m < mr_; ++m) {
+                              vpbroadcastd(t, dword[a_row(m) + 4 * p]);
+                              vdpbf16ps(acc(m, v), a, t);
+                              vdpbf16ps(acc(m, v + 1), b, t);
+                            }
+                          });
           continue;
         }
         // mxfp4: two vectors at a time (this quad's dword of the column, nibbles k0 + 2p in e
