@@ -2970,21 +2970,21 @@ class GemmGenerator : public JitGenerator {
     }
   }
 
-  // The mx pair prefill's first block likewise (fused_first), four k pairs at a time. mxfp4: per
-  // 32-k group the columns' scales into zmm24-27, then per k pair and vector the decode of
-  // mx_fma_repack (e2m1 through vpermps with the table in memory; times the scale; the top 16 bits
-  // as pairs; temporaries zmm28-31; one dword of nibbles per column holds 8 k). mxfp8: the integer
-  // decode above (mx8_word_decode; its fp16 route's vcvtph2ps and two vmulps a vector took the
-  // vdpbf16ps pipes, tools/coissue.cpp). Each pair is stored to the scratch and fed to the block's
-  // vdpbf16ps (accumulators zmm0-23), two vectors at a time with each row's pair broadcast into a
-  // register once for both. Until 2026-11-29 each vector's dots took the pair as a {1to16} operand:
-  // with the decode's own loads (mxfp4: codes, table, mask, five a vector) they shared the two load
-  // pipes with nothing to spare (a {1to16} vdpbf16ps loop takes one load slot per extra load,
-  // tools/coissue.cpp). With the register broadcasts (a Zen 5, the same bits): Qwen3 MXFP4 layers
-  // 0.92-0.93x the time at T = 256, 0.94x at 64, 0.98x at 1024 (in-process A/Bs); MXFP8 0.89-0.94x
-  // at 256, 0.91-0.96x at 64, 0.94-0.96x at 1024 (alternating processes).
+  // The mx pair prefill's first block likewise (fused_first), four k pairs at a time: per 32-k
+  // group the columns' scales into zmm24-27, then per k pair two vectors decoded (zmm28, zmm30),
+  // stored to the scratch and fed to the block's vdpbf16ps (accumulators zmm0-23), each row's
+  // pair broadcast once into zmm29 for both. mxfp8: the integer decode above (mx8_word_decode; its
+  // fp16 route's vcvtph2ps and two vmulps a vector took the vdpbf16ps pipes, tools/coissue.cpp).
+  // mxfp4: the same idea (mx4_word_decode below) where every scale of the group is at most 252;
+  // a group with a larger one (products can overflow, the words would wrap) takes the fp32 route
+  // of mx_fma_repack (e2m1 through vpermps, times the scale, the top 16 bits as pairs).
+  // Until 2026-11-29 each vector's dots took the pair as a {1to16} operand: with the decode's own
+  // loads they shared the two load pipes with nothing to spare (tools/coissue.cpp). With the
+  // register broadcasts (a Zen 5, the same bits): Qwen3 MXFP4 layers 0.92-0.93x the time at
+  // T = 256, 0.94x at 64, 0.98x at 1024 (in-process A/Bs); MXFP8 0.89-0.94x at 256, 0.91-0.96x
+  // at 64, 0.94-0.96x at 1024 (alternating processes). MXFP4's word decode then took 0.90x at 256.
   void k_loop_mx_fused(bool prefetch_next) {
-    Label group, quad, done;
+    Label group, fp32_group, next, done;
     const int cols = strip_cols();
     mov(reg_tmp, arg(offsetof(GemmArgs, g_per_strip)));
     test(reg_tmp, reg_tmp);
@@ -2992,69 +2992,125 @@ class GemmGenerator : public JitGenerator {
     if (mx8_) {  // the first halves of the low-byte and (zero as 0xc0) high-byte tables
       vmovdqu8(Zmm(24), zword[rip + c_fp8_lut_[0]]);
       vmovdqu8(Zmm(25), zword[rip + c_mx8_hi_]);
+    } else {  // k7: the odd words (mx4_word_decode's blend)
+      mov(reg_tmp2.cvt32(), 0xaaaaaaaau);
+      kmovd(k7, reg_tmp2.cvt32());
     }
     L(group);
-    {
-      for (int v = 0; v < nv_; ++v)
-        if (mx8_)
-          mx8_scale_words(v);
-        else
-          mx_scale_widen(Zmm(24 + v), reg_w + v * lanes_);
-      add(reg_w, cols);
-      mov(reg_tmp2, 4);  // quads of k pairs in a group of 16
-      L(quad);
-      for (int p = 0; p < 4; ++p) {
-        if (prefetch_next)
-          for (int off = 0; off < pair_pf_bytes(); off += 64)
-            prefetcht1(ptr[reg_pf + p * pair_pf_bytes() + off]);
-        if (mx8_) {
-          mx8_word_decode(reg_w + 2 * p * cols,
-                          [&](int v, const Zmm& a, const Zmm& b, const Zmm& t) {
-                            if (fuse_store_) {
-                              vmovups(zword[reg_sw + (p * nv_ + v) * 64], a);
-                              vmovups(zword[reg_sw + (p * nv_ + v + 1) * 64], b);
-                            }
-                            for (int m = 0; m < mr_; ++m) {
-                              vpbroadcastd(t, dword[a_row(m) + 4 * p]);
-                              vdpbf16ps(acc(m, v), a, t);
-                              vdpbf16ps(acc(m, v + 1), b, t);
-                            }
-                          });
-          continue;
-        }
-        // mxfp4: two vectors at a time (this quad's dword of the column, nibbles k0 + 2p in e
-        // and + 1 in o: zmm28-29 and zmm30-31), then each row's pair broadcast once into zmm29
-        // for both (o is free once packed)
-        for (int v = 0; v < nv_; v += 2) {
-          const Address table = zword[rip + c_e2m1_];
-          for (int h = 0; h < 2; ++h) {
-            const Zmm e(28 + 2 * h), o(29 + 2 * h);
-            const Address raw = zword[reg_w + (v + h) * 64];
+    if (mx4_) {  // any of the group's scale bytes above 252: the fp32 route
+      const Xmm t = cols == 64 ? Xmm(Zmm(28)) : cols == 32 ? Xmm(Ymm(28)) : Xmm(28);
+      const Address bytes = cols == 64 ? zword[reg_w] : cols == 32 ? yword[reg_w] : xword[reg_w];
+      const Address limit = cols == 64   ? zword[rip + c_fcb_]
+                            : cols == 32 ? yword[rip + c_fcb_]
+                                         : xword[rip + c_fcb_];
+      vmovdqu8(t, bytes);
+      vpcmpub(k6, t, limit, 6);  // unsigned >
+      kortestq(k6, k6);
+      jnz(fp32_group, T_NEAR);
+      mx_fused_group(prefetch_next, true);
+      jmp(next, T_NEAR);
+      L(fp32_group);
+    }
+    mx_fused_group(prefetch_next, false);
+    L(next);
+    dec(reg_tmp);
+    jnz(group, T_NEAR);
+    L(done);
+  }
+  // mxfp4's word decode of vector v's dword of nibbles (raw) for k pair p into e (o a temporary):
+  // the nibbles 2p and 2p + 1 (k and k + 1) as the low bits of the dword's two words, each word
+  // through vpermw to its e2m1 value's bf16 bits (signed; both zeros as 0, the stray index bit 4
+  // ignored: the table twice), then E = (e - 127) << 7 added to the bits where the value is not
+  // zero and the scale byte e is not 0 (k(1 + v)), zero elsewhere. For scale bytes 1..252 the
+  // exponent field stays in 0..254 (e2m1 magnitudes are 2^-1 ... 1.5 * 2^2), so the sign is
+  // untouched and the result is value * 2^(e - 127) exactly, but where that is an fp32
+  // subnormal (0.5 at e = 1: zero here, a subnormal's top bits in the reference), which vdpbf16ps
+  // reads as zero either way. 6 vector instructions and 3 loads a vector, one of them on the
+  // vdpbf16ps pipes (vptestmw); the fp32 route takes 8, two of them there (vmulps), and 5 loads.
+  // A vpshufb index (byte p to both words, vpsrlvw) took 1.03-1.05x the layer's time instead of
+  // 0.90x: with vpermw two shuffles a vector; the MXFP8 clamp-and-or-the-sign form 1.05x.
+  void mx4_word_decode(const Zmm& e, const Zmm& o, const Address& raw, int p, int v) {
+    if (p)
+      vpsrld(o, raw, uint8_t(8 * p));  // nibble 2p to bits 0..3
+    else
+      vmovdqu8(o, raw);
+    vpslld(e, o, 12);         // nibble 2p + 1 to bits 16..19
+    vpblendmw(o | k7, o, e);  // the odd words from e
+    vpermw(e, o, zword[rip + c_e2m1_bf_]);
+    vptestmw(k5 | Opmask(1 + v), e, e);
+    vpaddw(e | k5 | T_z, e, Zmm(24 + v));
+  }
+  // One 32-k group of the fused first block: `words`, mxfp4's word decode (every scale byte of
+  // the group at most 252), else its fp32 route; mxfp8 always its own word decode.
+  void mx_fused_group(bool prefetch_next, bool words) {
+    Label quad;
+    const int cols = strip_cols();
+    for (int v = 0; v < nv_; ++v)
+      if (mx8_) {
+        mx8_scale_words(v);
+      } else if (words) {  // E in both words of the column's dword; k(1 + v): e != 0
+        const Zmm t(24 + v);
+        vpmovzxbd(t, xword[reg_w + v * lanes_]);
+        vpshufb(t, t, zword[rip + c_dupw_]);
+        vptestmw(Opmask(1 + v), t, t);
+        vpsllw(t, t, 7);
+        vpsubw(t, t, zword[rip + c_3f80w_]);
+      } else {
+        mx_scale_widen(Zmm(24 + v), reg_w + v * lanes_);
+      }
+    add(reg_w, cols);
+    mov(reg_tmp2, 4);  // quads of k pairs in a group of 16
+    L(quad);
+    for (int p = 0; p < 4; ++p) {
+      if (prefetch_next)
+        for (int off = 0; off < pair_pf_bytes(); off += 64)
+          prefetcht1(ptr[reg_pf + p * pair_pf_bytes() + off]);
+      if (mx8_) {
+        mx8_word_decode(reg_w + 2 * p * cols, [&](int v, const Zmm& a, const Zmm& b, const Zmm& t) {
+          if (fuse_store_) {
+            vmovups(zword[reg_sw + (p * nv_ + v) * 64], a);
+            vmovups(zword[reg_sw + (p * nv_ + v + 1) * 64], b);
+          }
+          for (int m = 0; m < mr_; ++m) {
+            vpbroadcastd(t, dword[a_row(m) + 4 * p]);
+            vdpbf16ps(acc(m, v), a, t);
+            vdpbf16ps(acc(m, v + 1), b, t);
+          }
+        });
+        continue;
+      }
+      // mxfp4: two vectors at a time (this quad's dword of the column; zmm28-29 and zmm30-31),
+      // then each row's pair broadcast once into zmm29 for both (free once decoded)
+      for (int v = 0; v < nv_; v += 2) {
+        for (int h = 0; h < 2; ++h) {
+          const Zmm e(28 + 2 * h), o(29 + 2 * h);
+          const Address raw = zword[reg_w + (v + h) * 64];
+          if (words) {
+            mx4_word_decode(e, o, raw, p, v + h);
+          } else {  // nibbles k0 + 2p in e and + 1 in o
+            const Address table = zword[rip + c_e2m1_];
             e2m1_widen(e.getIdx(), raw, 8 * p, table);
             e2m1_widen(o.getIdx(), raw, 8 * p + 4, table);
             vmulps(e, e, Zmm(24 + v + h));
             vmulps(o, o, Zmm(24 + v + h));
             bf16_pair_pack(e, o);
-            if (fuse_store_) vmovups(zword[reg_sw + (p * nv_ + v + h) * 64], e);
           }
-          for (int m = 0; m < mr_; ++m) {
-            vpbroadcastd(Zmm(29), dword[a_row(m) + 4 * p]);
-            vdpbf16ps(acc(m, v), Zmm(28), Zmm(29));
-            vdpbf16ps(acc(m, v + 1), Zmm(30), Zmm(29));
-          }
+          if (fuse_store_) vmovups(zword[reg_sw + (p * nv_ + v + h) * 64], e);
+        }
+        for (int m = 0; m < mr_; ++m) {
+          vpbroadcastd(Zmm(29), dword[a_row(m) + 4 * p]);
+          vdpbf16ps(acc(m, v), Zmm(28), Zmm(29));
+          vdpbf16ps(acc(m, v + 1), Zmm(30), Zmm(29));
         }
       }
-      if (prefetch_next) add(reg_pf, 4 * pair_pf_bytes());
-      add(reg_w, mx4_ ? 4 * cols : 8 * cols);
-      if (fuse_store_) add(reg_sw, 4 * nv_ * 64);
-      add(reg_a, 16);
-      if (mr_ > 3) add(reg_a3, 16);
-      dec(reg_tmp2);
-      jnz(quad, T_NEAR);
-      dec(reg_tmp);
-      jnz(group, T_NEAR);
     }
-    L(done);
+    if (prefetch_next) add(reg_pf, 4 * pair_pf_bytes());
+    add(reg_w, mx4_ ? 4 * cols : 8 * cols);
+    if (fuse_store_) add(reg_sw, 4 * nv_ * 64);
+    add(reg_a, 16);
+    if (mr_ > 3) add(reg_a3, 16);
+    dec(reg_tmp2);
+    jnz(quad, T_NEAR);
   }
 
   // mx: groups of g_steps (32) K steps; each group starts with the strip's exponent bytes (one
@@ -3518,6 +3574,14 @@ class GemmGenerator : public JitGenerator {
     for (int i = 0; i < 16; ++i) db(uint8_t(int(2.0f * mx_e2m1(uint8_t(i))) + 12));
     L(c_000f_);
     for (int i = 0; i < 16; ++i) dw(0x000f);
+    if (mxp_ && mx4_) {  // the fused block's word decode (mx4_word_decode)
+      align(64);
+      emit_const32(c_fcb_, 0xfcfcfcfcu);    // 252 in every byte: the largest scale it takes
+      emit_const32(c_3f80w_, 0x3f803f80u);  // 127 << 7 per word: the exponent bias
+      L(c_e2m1_bf_);                        // e2m1's bf16 bits for every 5-bit index, zeros as 0
+      for (int i = 0; i < 32; ++i)
+        dw(i & 7 ? uint16_t(f32_bits(mx_e2m1(uint8_t(i & 15))) >> 16) : 0);
+    }
     if (fp8p_ || mx8d_ || (mxp_ && mx8_)) emit_fp8_pair_constants();
     if (mxp_ && mx8_) {                     // mx8_word_decode's
       emit_const32(c_4380w_, 0x43804380u);  // (127 + 8) << 7 per word: mxfp8's exponent bias
@@ -3610,6 +3674,7 @@ class GemmGenerator : public JitGenerator {
   Label c_dupw_, c_0f_, c_e2m1_, c_e2m1_w_, c_e2m1_b_, c_000f_, c_f16_mask_, c_80_, c_hi16_,
       c_fp8_lut_[2], c_fp8_idx_[2], c_fp8_hi8_, c_87f0_, c_3800_, c_00ff_, c_ff00_;
   Label c_f2p56_, c_f2p64_, c_e4m3_dw_, c_4380w_, c_8000w_, c_mx8_hi_;
+  Label c_fcb_, c_3f80w_, c_e2m1_bf_;
   Label c_ones16_, c_f256_, c_f2m8_, c_zero_, c_f0_, c_sign_, c_max_, c_min_, c_log2e_, c_poly_[6],
       c_bias_, c_one_;
 };

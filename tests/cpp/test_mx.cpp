@@ -165,6 +165,8 @@ struct Problem {
   // Run strip-scratch tiles (jit/gemm.hpp strip_scratch_kernel) even where the executor does not
   // pick them (avx512, avx512_vnni); where it does (avx2) they run anyway.
   bool scratch_tiles = false;
+  // MXFP4 scales at the edges of the range (make_weights), activations positive (check_problem).
+  bool scale_edges = false;
   std::string repro() const {
     std::ostringstream s;
     s << "repro: KT_JIT_ISA=" << isa_name(isa)
@@ -197,6 +199,23 @@ Packed make_weights(const Problem& p) {
       const uint32_t r = rng() % 64;  // mostly ordinary magnitudes, now and then tiny ones
       e = uint8_t(r == 0 ? 0 : r == 1 ? 1 : r == 2 ? 6 : (fp4 ? 121 : 116) + int(r % 8));
     }
+  }
+  if (p.scale_edges) {
+    // 0 (a zero scale), 1 (0.5 * 2^-126 is an fp32 subnormal), 252 (the largest the fused
+    // block's word decode takes), and in every third group also 253 and 254 (products overflow:
+    // such a group takes the fp32 route). From 250 on the weights are non-negative, so with
+    // positive activations an overflow gives +inf, never inf - inf.
+    const uint8_t fast[] = {0, 1, 2, 3, 126, 127, 128, 250, 251, 252};
+    const uint8_t all[] = {0, 1, 2, 3, 126, 127, 128, 250, 251, 252, 253, 254};
+    for (int s = 0; s < sources; ++s)
+      for (int64_t n = 0; n < p.N; ++n)
+        for (int64_t g = 0; g < p.K / 32; ++g) {
+          uint8_t& e = pk.scl[size_t(s)][size_t(n * (p.K / 32) + g)];
+          e = g % 3 == 2 ? all[rng() % 12] : fast[rng() % 10];
+          if (e >= 250)
+            for (int64_t b = 0; b < 16; ++b)
+              pk.src[size_t(s)][size_t(n * row_bytes + 16 * g + b)] &= 0x77;
+        }
   }
   pk.w.resize(size_t(pk.layout.total_bytes()));
   const uint8_t* ws[2] = {pk.src[0].data(), pk.src.back().data()};
@@ -343,6 +362,8 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
   // offset int32 sums (formats::kMxI16CodeOffset) wrap and must come back exactly
   if (p.seed % 3 == 0)
     for (int64_t k = 0; k < 32; ++k) af[size_t((p.M - 1) * p.K + k)] = 1.0f;
+  if (p.scale_edges)
+    for (float& x : af) x = std::fabs(x) + 1.0f / 64;
   if (split_rows(p).bf16_rows())  // bf16 rows; the float64 check below takes the rounded values
     for (float& x : af) x = formats::bf16_to_f32(formats::f32_to_bf16(x));
   for (int64_t m = 0; m < p.M; ++m)
@@ -361,7 +382,7 @@ void check_problem(const Problem& p, std::vector<std::string>* names) {
   run_all(p, pk, a, lda, rr, rw, true, nullptr);
   ASSERT_EQ(0, std::memcmp(jb.data(), rb.data(), jb.size() * 4)) << p.repro();
 
-  if (p.epi != Epilogue::store) return;
+  if (p.epi != Epilogue::store || p.scale_edges) return;
   // The reference against float64 over independently dequantized weights. Rows of an mxfp4
   // decode remainder on AVX-512 met the activations as int16 codes: those rows take q * d.
   const int64_t rem0 = split_rows(p).rem0;
@@ -443,6 +464,35 @@ TEST(MxGemm, SweepMatchesReferenceBitwise) {
                             "decode_mxfp8_avx512bf16_m3n32_siluup_alpha_clamp_dpbf16"})
         EXPECT_GT(test::count_containing(names, n), 0u) << n;
     }
+  }
+  EXPECT_GT(checked, 0u);
+}
+
+// MXFP4 scales at the edges (make_weights' scale_edges) through every kernel the executor runs,
+// bit for bit: at avx512_bf16 the pair tiles' fused first block adds the exponent to the e2m1
+// bits as words where every scale of the group is at most 252 and multiplies in fp32 where one
+// is above (mx_fused_group); the later blocks read what it stored.
+TEST(MxGemm, Fp4ScaleEdgesMatchReferenceBitwise) {
+  if (test::runnable_levels().empty()) GTEST_SKIP() << "this CPU runs no generated level";
+  uint32_t seed = 7000;
+  size_t checked = 0;
+  for (IsaLevel isa : test::kernel_test_levels()) {
+    std::vector<std::string> names;
+    for (Epilogue epi : {Epilogue::store, Epilogue::accum, Epilogue::siluup})
+      for (int64_t M : {6, 13, 26})
+        for (int64_t N : {40, 64, 100})
+          for (int64_t K : {96, 160}) {
+            Problem p{isa, WeightFormat::mxfp4,
+                      epi, epi == Epilogue::siluup ? kSwigluClamp : uint8_t(0),
+                      M,   N,
+                      K,   seed++};
+            p.scale_edges = true;
+            check_problem(p, &names);
+            if (HasFatalFailure()) return;
+            ++checked;
+          }
+    if (isa == IsaLevel::avx512_bf16)
+      EXPECT_GT(test::count_containing(names, "mxfp4_avx512bf16_m6n64_accum_dpbf16"), 0u);
   }
   EXPECT_GT(checked, 0u);
 }
