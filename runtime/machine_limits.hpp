@@ -40,14 +40,17 @@ class ReadProbe {
 double measure_read_bandwidth_gbs_threads(int threads, size_t bytes = size_t(1) << 30,
                                           int reps = 5);
 
-// Median Gop/s (2 ops per multiply-accumulate) of the peak loop for `op` (PeakOp) at `isa`
-// on the calling thread, each rep sized to ~30 ms. Throws std::invalid_argument when the ISA lacks
-// the op or this CPU cannot run `isa`; returns 0 when executable memory is refused.
+// The best Gop/s (2 ops per multiply-accumulate) of `reps` runs of the peak loop for `op`
+// (PeakOp) at `isa` on the calling thread, each sized to ~30 ms. The best, not the median: a
+// neighbour on a shared VM can only slow a run down, and a peak read low inflates every roof%
+// divided by it (a bench round on 2026-11-29 printed a prefill roof of 123 %). Throws
+// std::invalid_argument when the ISA lacks the op or this CPU cannot run `isa`; returns 0 when
+// executable memory is refused.
 double measure_peak_gops(IsaLevel isa, uint8_t op, int reps = 7);
 
 // The same loop on `threads` std::threads at once, thread i pinned to the i-th CPU of the
 // process's affinity mask (as measure_read_bandwidth_gbs_threads), every thread running the
-// iterations the caller calibrated: median over `reps` passes of the aggregate Gop/s (all
+// iterations the caller calibrated: the best of `reps` passes of the aggregate Gop/s (all
 // threads' ops / (last end - first start)). Whether two threads double one core's peak depends
 // on the CPUs they land on (SMT siblings share the vector units; a VM's vCPUs may share a core).
 double measure_peak_gops_threads(IsaLevel isa, uint8_t op, int threads, int reps = 5);

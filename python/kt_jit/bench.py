@@ -8,7 +8,8 @@
 
 Reported per token count: median µs, tokens/s, effective weight GB/s (bytes of the distinct experts
 touched / time), Gop/s (2 per multiply-accumulate), and roof% = max(bytes / read_bw, ops / peak) /
-time with the limits of the same run (peak = vpdpbusd at VNNI levels, the vpmaddubsw sequence
+time with the limits of the same run (peak: the best of 7 runs of the instruction's loop;
+vpdpbusd at VNNI levels, the vpmaddubsw sequence
 otherwise — vpmaddubsw + vpaddw for qgroup layers whose every kernel takes int16 group sums —
 FMA / vdpbf16ps / AMX for the float formats; with more than one thread, that loop measured on all
 of them at once, ``_threads_peak``). Bandwidth-bound token
