@@ -55,8 +55,9 @@ GGML_PREFIX="${GGML_PREFIX:-/opt/ggml-peer}"
 lcpp=()
 [ "${PEERS:-1}" != 0 ] && [ -f "$GGML_PREFIX/include/ggml.h" ] &&
   lcpp=(--llamacpp-peer "$GGML_PREFIX" --peers-dir "$PWD/tools/peers")
+# (T = 256 too, as for MX below: Q4_K's prefill bar holds from 256 tokens)
 for g in Q4_K Q6_K Q8_0 Q4_K_M; do
-  (cd /tmp && "$PYTHON" -m kt_jit.bench --method LLAMAFILE --gguf-type "$g" --tokens 1,4,64,1024 \
+  (cd /tmp && "$PYTHON" -m kt_jit.bench --method LLAMAFILE --gguf-type "$g" --tokens 1,4,64,256,1024 \
     ${lcpp[@]+"${lcpp[@]}"} --markdown "$tmp/gguf_$g.md" >/dev/null)
   extra_runs+=("gguf_$g")
 done
