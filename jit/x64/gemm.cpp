@@ -3025,7 +3025,7 @@ class GemmGenerator : public JitGenerator {
   // exponent field stays in 0..254 (e2m1 magnitudes are 2^-1 ... 1.5 * 2^2), so the sign is
   // untouched and the result is value * 2^(e - 127) exactly, but where that is an fp32
   // subnormal (0.5 at e = 1: zero here, a subnormal's top bits in the reference), which vdpbf16ps
-  // reads as zero either way. 6 vector instructions and 3 loads a vector, one of them on the
+  // reads as zero either way. 6 vector instructions and 2 loads a vector, one of them on the
   // vdpbf16ps pipes (vptestmw); the fp32 route takes 8, two of them there (vmulps), and 5 loads.
   // A vpshufb index (byte p to both words, vpsrlvw) took 1.03-1.05x the layer's time instead of
   // 0.90x: with vpermw two shuffles a vector; the MXFP8 clamp-and-or-the-sign form 1.05x.

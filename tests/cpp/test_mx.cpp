@@ -482,10 +482,8 @@ TEST(MxGemm, Fp4ScaleEdgesMatchReferenceBitwise) {
       for (int64_t M : {6, 13, 26})
         for (int64_t N : {40, 64, 100})
           for (int64_t K : {96, 160}) {
-            Problem p{isa, WeightFormat::mxfp4,
-                      epi, epi == Epilogue::siluup ? kSwigluClamp : uint8_t(0),
-                      M,   N,
-                      K,   seed++};
+            const uint8_t variant = epi == Epilogue::siluup ? kSwigluClamp : 0;
+            Problem p{isa, WeightFormat::mxfp4, epi, variant, M, N, K, seed++};
             p.scale_edges = true;
             check_problem(p, &names);
             if (HasFatalFailure()) return;
