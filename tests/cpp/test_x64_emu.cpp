@@ -271,6 +271,59 @@ TEST(X64Emu, VpinsrReplacesOneElement) {
   }
 }
 
+// The mask instructions of the MXFP4 fused block (jit/x64/gemm.cpp mx4_word_decode): kmovd from
+// a general register, vpblendmw under it, vptestmw under a write mask, a zero-masked vpaddw, and
+// vpcmpub (unsigned >) with kortestq's zero flag.
+TEST(X64Emu, MaskedWordOpsAndMaskTests) {
+  Regs in{};
+  for (int i = 0; i < 32; ++i) {
+    in.as<uint16_t>(0)[i] = uint16_t(i % 3 == 0 ? 0 : 0x0101 * i);  // zmm1: some zero words
+    in.as<uint16_t>(1)[i] = uint16_t(0x00ff + 7 * i);               // zmm2
+    in.as<uint16_t>(3)[i] = 0xeeee;                                 // zmm0
+  }
+  const Regs bl = run(
+      [](Snippet& g) {
+        g.mov(g.eax, 0xaaaaaaaau);
+        g.kmovd(g.k2, g.eax);
+        g.vpblendmw(g.zmm0 | g.k2, g.zmm1, g.zmm2);
+      },
+      in, IsaLevel::avx512);
+  const Regs add = run(
+      [](Snippet& g) {
+        g.mov(g.eax, 0x0f0f0f0fu);
+        g.kmovd(g.k2, g.eax);
+        g.vptestmw(g.k3 | g.k2, g.zmm1, g.zmm1);  // non-zero words of zmm1, under k2
+        g.vpaddw(g.zmm0 | g.k3 | g.T_z, g.zmm1, g.zmm2);
+      },
+      in, IsaLevel::avx512);
+  for (int i = 0; i < 32; ++i) {
+    const uint16_t x = in.as<uint16_t>(0)[i], y = in.as<uint16_t>(1)[i];
+    EXPECT_EQ(bl.as<uint16_t>(3)[i], i % 2 ? y : x) << i;
+    const bool k = ((0x0f0f0f0fu >> i) & 1) && x != 0;
+    EXPECT_EQ(add.as<uint16_t>(3)[i], k ? uint16_t(x + y) : 0) << i;
+  }
+  // vpcmpub k4, zmm1, zmm2, 6 (unsigned >); where no byte is greater, kortestq sets ZF and the
+  // snippet zeroes zmm0
+  for (int greater = 0; greater < 2; ++greater) {
+    Regs c = in;
+    for (int i = 0; i < 64; ++i) {
+      c.b[0][i] = uint8_t(200 + i % 50);
+      c.b[1][i] = uint8_t(greater && i == 41 ? 100 : 250);
+    }
+    const Regs out = run(
+        [](Snippet& g) {
+          Xbyak::Label skip;
+          g.vpcmpub(g.k4, g.zmm1, g.zmm2, 6);
+          g.kortestq(g.k4, g.k4);
+          g.jnz(skip);
+          g.vpxord(g.zmm0, g.zmm0, g.zmm0);
+          g.L(skip);
+        },
+        c, IsaLevel::avx512);
+    for (int i = 0; i < 64; ++i) EXPECT_EQ(out.b[3][i], greater ? 0xee : 0) << greater << " " << i;
+  }
+}
+
 TEST(X64Emu, RefusesWhatItDoesNotImplement) {
   Snippet s([](Snippet& g) { g.vpconflictd(g.zmm0, g.zmm1); });
   Regs r{};

@@ -85,6 +85,7 @@ struct Insn {
   const ZydisDecodedOperand* op[6] = {};  // explicit operands, the EVEX write mask left out
   int nops = 0;
   int mask = 0;  // EVEX.aaa (0: none)
+  bool zeroing = false;  // EVEX.z: masked-off elements zeroed rather than kept
 };
 
 class Machine {
@@ -148,7 +149,7 @@ class Machine {
       if (in.nops == 6) fail(rip, "too many operands");
       in.op[in.nops++] = &o;
     }
-    if (in.d.avx.mask.mode == ZYDIS_MASK_MODE_ZEROING) fail(rip, "zero-masking is not implemented");
+    in.zeroing = in.d.avx.mask.mode == ZYDIS_MASK_MODE_ZEROING;
     if (in.d.avx.rounding.mode != ZYDIS_ROUNDING_MODE_INVALID)
       fail(rip, "embedded rounding is not implemented");
     in.decoded = true;
@@ -255,7 +256,23 @@ class Machine {
   }
   void write_vdst(uint64_t rip, const Insn& in, const ZydisDecodedOperand* o, const uint8_t* src,
                   int bytes) {
-    if (in.mask) fail(rip, "write masking is not implemented for this instruction");
+    if (in.mask) {  // EVEX masking of a register destination, element by element
+      const int es = o->element_size / 8;
+      if (!is_vreg(o) || (es != 1 && es != 2 && es != 4 && es != 8))
+        fail(rip, "write masking is implemented for vector registers only");
+      alignas(64) uint8_t m[64];
+      std::memcpy(m, v_[vid(o)], 64);
+      const uint64_t k = k_[in.mask];
+      for (int i = 0; i < bytes / es; ++i) {
+        if ((k >> i) & 1)
+          std::memcpy(m + i * es, src + i * es, size_t(es));
+        else if (in.zeroing)
+          std::memset(m + i * es, 0, size_t(es));
+      }
+      write_vreg(vid(o), m, bytes);
+      return;
+    }
+    if (in.zeroing) fail(rip, "zero-masking without a mask");
     if (is_vreg(o)) {
       write_vreg(vid(o), src, bytes);
       return;
@@ -655,6 +672,78 @@ class Machine {
         const uint64_t k = in.mask ? k_[in.mask] : ~0ull;
         for (int i = 0; i < L; ++i) r[i] = (k >> i) & 1 ? b[i] : a[i];
         write_vreg(vid(o[0]), r, L);
+        return;
+      }
+      case ZYDIS_MNEMONIC_VPBLENDMW: {  // the mask selects word by word: k[i] ? src2 : src1
+        src(1, a);
+        src(2, b);
+        const uint64_t k = in.mask ? k_[in.mask] : ~0ull;
+        for (int i = 0; i < L / 2; ++i)
+          put<uint16_t>(r, i, (k >> i) & 1 ? get<uint16_t>(b, i) : get<uint16_t>(a, i));
+        write_vreg(vid(o[0]), r, L);
+        return;
+      }
+      case ZYDIS_MNEMONIC_KMOVW:  // k = a general register's (or another mask's) low bits
+      case ZYDIS_MNEMONIC_KMOVD:
+      case ZYDIS_MNEMONIC_KMOVQ: {
+        if (!is_reg(o[1]) || rclass(o[0]) != ZYDIS_REGCLASS_MASK)
+          fail(rip, "kmov from or to memory, or to a general register");
+        const int bits = mn == ZYDIS_MNEMONIC_KMOVW ? 16 : mn == ZYDIS_MNEMONIC_KMOVD ? 32 : 64;
+        const uint64_t x =
+            rclass(o[1]) == ZYDIS_REGCLASS_MASK ? k_[vid(o[1])] : read_int(rip, in, o[1]);
+        k_[vid(o[0])] = bits == 64 ? x : x & ((1ull << bits) - 1);
+        return;
+      }
+      case ZYDIS_MNEMONIC_KORTESTW:  // ZF: the or of the two masks is 0; CF: it is all ones
+      case ZYDIS_MNEMONIC_KORTESTD:
+      case ZYDIS_MNEMONIC_KORTESTQ: {
+        const int bits = mn == ZYDIS_MNEMONIC_KORTESTW   ? 16
+                         : mn == ZYDIS_MNEMONIC_KORTESTD ? 32
+                                                         : 64;
+        const uint64_t all = bits == 64 ? ~0ull : (1ull << bits) - 1;
+        const uint64_t x = (k_[vid(o[0])] | k_[vid(o[1])]) & all;
+        zf_ = x == 0;
+        cf_ = x == all;
+        sf_ = of_ = false;
+        return;
+      }
+      case ZYDIS_MNEMONIC_VPTESTMB:  // k[i] = (a[i] & b[i]) != 0 (NM: == 0), under the write mask
+      case ZYDIS_MNEMONIC_VPTESTMW:
+      case ZYDIS_MNEMONIC_VPTESTNMB:
+      case ZYDIS_MNEMONIC_VPTESTNMW: {
+        const int n = bytes_of(o[1]);
+        const int es = mn == ZYDIS_MNEMONIC_VPTESTMB || mn == ZYDIS_MNEMONIC_VPTESTNMB ? 1 : 2;
+        const bool nm = mn == ZYDIS_MNEMONIC_VPTESTNMB || mn == ZYDIS_MNEMONIC_VPTESTNMW;
+        read_vec(rip, in, o[1], a, n);
+        read_vec(rip, in, o[2], b, n);
+        uint64_t k = 0;
+        for (int i = 0; i < n / es; ++i) {
+          bool any = false;
+          for (int j = 0; j < es; ++j) any |= (a[i * es + j] & b[i * es + j]) != 0;
+          if (any != nm) k |= 1ull << i;
+        }
+        k_[vid(o[0])] = in.mask ? k & k_[in.mask] : k;
+        return;
+      }
+      case ZYDIS_MNEMONIC_VPCMPUB: {  // k[i] = a[i] (predicate imm) b[i], unsigned bytes
+        const int n = bytes_of(o[1]);
+        read_vec(rip, in, o[1], a, n);
+        read_vec(rip, in, o[2], b, n);
+        const int pred = int(o[3]->imm.value.u) & 7;
+        uint64_t k = 0;
+        for (int i = 0; i < n; ++i) {
+          const bool lt = a[i] < b[i], eq = a[i] == b[i];
+          const bool t = pred == 0   ? eq
+                         : pred == 1 ? lt
+                         : pred == 2 ? lt || eq
+                         : pred == 3 ? false
+                         : pred == 4 ? !eq
+                         : pred == 5 ? !lt
+                         : pred == 6 ? !lt && !eq
+                                     : true;
+          if (t) k |= 1ull << i;
+        }
+        k_[vid(o[0])] = in.mask ? k & k_[in.mask] : k;
         return;
       }
       case ZYDIS_MNEMONIC_VPBLENDW: {  // VEX: word i of each 128-bit lane from src2 where imm bit i
