@@ -2934,11 +2934,17 @@ class GemmGenerator : public JitGenerator {
   // vdpbf16ps reads as zero either way. Registers: tables' first halves 24-25, temporaries 26-31.
   void mx8_scale_words(int v) {
     const Zmm t(26);
+    exponent_step_words(t, v, c_4380w_);
+    vmovups(mx_scale(v), t);
+  }
+  // The word decodes' exponent steps for vector v's columns: E = (byte << 7) - bias in both words
+  // of each column's dword; `nonzero` (where given) gets the words whose byte is not 0.
+  void exponent_step_words(const Zmm& t, int v, const Label& bias, const Opmask* nonzero = nullptr) {
     vpmovzxbd(t, xword[reg_w + v * lanes_]);
     vpshufb(t, t, zword[rip + c_dupw_]);
     vpsllw(t, t, 7);
-    vpsubw(t, t, zword[rip + c_4380w_]);
-    vmovups(mx_scale(v), t);
+    if (nonzero) vptestmw(*nonzero, t, t);
+    vpsubw(t, t, zword[rip + bias]);
   }
   // use(v, a, b, t): vectors v and v + 1 decoded in a and b, t free (full strips: nv_ even).
   template <class Use>
@@ -2998,13 +3004,9 @@ class GemmGenerator : public JitGenerator {
     }
     L(group);
     if (mx4_) {  // any of the group's scale bytes above 252: the fp32 route
-      const Xmm t = cols == 64 ? Xmm(Zmm(28)) : cols == 32 ? Xmm(Ymm(28)) : Xmm(28);
-      const Address bytes = cols == 64 ? zword[reg_w] : cols == 32 ? yword[reg_w] : xword[reg_w];
-      const Address limit = cols == 64   ? zword[rip + c_fcb_]
-                            : cols == 32 ? yword[rip + c_fcb_]
-                                         : xword[rip + c_fcb_];
-      vmovdqu8(t, bytes);
-      vpcmpub(k6, t, limit, 6);  // unsigned >
+      if (cols != 64) throw std::logic_error("gemm: the mx fused block takes 4-vector zmm strips");
+      vmovdqu8(Zmm(28), zword[reg_w]);
+      vpcmpub(k6, Zmm(28), zword[rip + c_fcb_], 6);  // unsigned >
       kortestq(k6, k6);
       jnz(fp32_group, T_NEAR);
       mx_fused_group(prefetch_next, true);
@@ -3048,13 +3050,9 @@ class GemmGenerator : public JitGenerator {
     for (int v = 0; v < nv_; ++v)
       if (mx8_) {
         mx8_scale_words(v);
-      } else if (words) {  // E in both words of the column's dword; k(1 + v): e != 0
-        const Zmm t(24 + v);
-        vpmovzxbd(t, xword[reg_w + v * lanes_]);
-        vpshufb(t, t, zword[rip + c_dupw_]);
-        vptestmw(Opmask(1 + v), t, t);
-        vpsllw(t, t, 7);
-        vpsubw(t, t, zword[rip + c_3f80w_]);
+      } else if (words) {  // E = (e - 127) << 7; k(1 + v): e != 0
+        const Opmask nonzero(1 + v);
+        exponent_step_words(Zmm(24 + v), v, c_3f80w_, &nonzero);
       } else {
         mx_scale_widen(Zmm(24 + v), reg_w + v * lanes_);
       }
