@@ -22,7 +22,6 @@
 #include "jit/x64/generator.hpp"
 
 namespace ktjit::x64 {
-namespace {
 
 // How far ahead decode kernels prefetch their weight stream. 3072 bytes was the best of
 // 0/1024/2048/3072 at DeepSeek-V3 T = 1 for MXFP4, FP8, BF16 and INT8 on a Xeon (2026-11-22). On
@@ -64,7 +63,18 @@ namespace {
 // generates.
 constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchZen5Nib = 4096,
               kDecodePrefetchZen5Fp8 = 8192, kDecodePrefetchZen5Rows = 8192,
-              kDecodePrefetchZen5Bf16Narrow = 4096;
+              kDecodePrefetchZen5Bf16Narrow = 4096, kDecodePrefetchZen5Fp8Spread = 4096;
+// The fp8 pair decode tiles (<= 4 rows) ask for each K step's lines as the step starts, not for
+// an unrolled loop's 8 lines together at its end. On a Zen 5 the bunched prefetches held the
+// one-row tiles' stream to about 0.9x INT8's over the same bytes. With the decode removed (a
+// load and two dots a line, timing only) dropping the prefetch made them 1.08x faster, so the
+// bunch itself cost bandwidth. Spread, 4096 bytes ahead: Qwen3 FP8 at T = 1 0.93-0.95x the
+// time of the bunched 8192 (in-process A/Bs, docs/evidence/zen5_avx512.md, a forty-second
+// session).
+bool decode_prefetch_spread(const KernelKey& key) {
+  static const bool zen5 = cpu_features().vendor == "AuthenticAMD" && cpu_features().family >= 0x1a;
+  return zen5 && key.kind == KernelKind::gemm_decode && fp8_pair_kernel(key);
+}
 // The rows from which a Zen 5's int8 / int4, bf16 and qgroup byte-code decode tiles take
 // kDecodePrefetchZen5Rows.
 constexpr int kZen5RowsPrefetchIntMinRows = 4, kZen5RowsPrefetchBf16MinRows = 2,
@@ -102,11 +112,15 @@ int decode_prefetch_bytes(const KernelKey& key) {
     // ran 1.015-1.028x slower than over 4-vector strips without a prefetch, 0.986-0.996x with 4096
     // bytes, 1.03-1.06x with 8192 (in-process A/Bs on a Zen 5).
     if (fmt == WeightFormat::bf16 && key.n_vec <= 2) return kDecodePrefetchZen5Bf16Narrow;
-    return nibbles ? kDecodePrefetchZen5Nib : e4m3 ? kDecodePrefetchZen5Fp8 : 0;
+    if (e4m3)
+      return decode_prefetch_spread(key) ? kDecodePrefetchZen5Fp8Spread : kDecodePrefetchZen5Fp8;
+    return nibbles ? kDecodePrefetchZen5Nib : 0;
   }
   const bool lean_int = fmt == WeightFormat::int8 || fmt == WeightFormat::qgroup;
   return amd && lean_int ? kDecodePrefetchAmdInt : kDecodePrefetch;
 }
+
+namespace {
 
 using namespace Xbyak;
 using namespace Xbyak::util;
@@ -136,6 +150,7 @@ class GemmGenerator : public JitGenerator {
         prefill_(key.kind == KernelKind::gemm_prefill),
         mx8d_(mx8_pair_decode_kernel(key)),
         fp8po_(fp8_ && (key.variant & kFp8PairOrder)),
+        pf_spread_(decode_prefetch_spread(key)),
         qg_(key.format == WeightFormat::qgroup),
         qg4_(qg_ && (key.variant & kQGroupNibbles)),
         qgb_(qg_ && (key.variant & kQGroupBias)),
@@ -2227,7 +2242,7 @@ class GemmGenerator : public JitGenerator {
   // bandwidth unused on a Xeon (not on a Zen 4: decode_prefetch_bytes).
   void advance_w(int bytes) {
     const int ahead = decode_prefetch_bytes(key_);
-    if (!prefill_ && ahead > 0)
+    if (!prefill_ && ahead > 0 && !pf_spread_)
       for (int off = 0; off < bytes; off += 64) prefetcht0(ptr[reg_w + ahead + off]);
     add(reg_w, bytes);
   }
@@ -2772,6 +2787,11 @@ class GemmGenerator : public JitGenerator {
     }
   }
   void microkernel_fp8_pairs(int u) {
+    if (pf_spread_) {  // this step's lines, decode_prefetch_bytes() on (advance_w leaves them)
+      const int ahead = decode_prefetch_bytes(key_);
+      for (int off = 0; off < step_bytes() && ahead > 0; off += 64)
+        prefetcht0(ptr[reg_w + u * step_bytes() + ahead + off]);
+    }
     fp8_pair_decode(
         reg_w + u * step_bytes(),
         [&](int v, const Zmm& w) {
@@ -3630,6 +3650,7 @@ class GemmGenerator : public JitGenerator {
   const bool bf16_, pairs_, fp8_, fp8p_, mxp_, sfma_, prefill_;
   const bool mx8d_;   // mxfp8 pair decode tiles (mx8_pair_decode_kernel)
   const bool fp8po_;  // fp8 full strips in the pair order (kFp8PairOrder)
+  const bool pf_spread_;  // decode prefetch step by step (decode_prefetch_spread)
   const bool qg_, qg4_, qgb_, qgo_, qgs_;
   const int qgh_;    // 16-bit scales: 1 fp16, 2 bf16
   const bool qgs2_;  // avx2 tiles of 2 rows: fp32 accumulators on the stack (acc_slot)

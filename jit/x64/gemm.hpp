@@ -10,4 +10,10 @@ namespace ktjit::x64 {
 // Machine code for an INT8 GEMM key (gemm_decode / gemm_prefill); see jit/gemm.hpp.
 std::vector<uint8_t> generate_gemm(const KernelKey& key);
 
+// How many bytes ahead of its weight stream a decode kernel prefetches (0: none), and whether it
+// asks for each K step's lines as the step starts (else an unrolled loop's lines together at its
+// end). Tests check the kernels' prefetches against them.
+int decode_prefetch_bytes(const KernelKey& key);
+bool decode_prefetch_spread(const KernelKey& key);
+
 }  // namespace ktjit::x64

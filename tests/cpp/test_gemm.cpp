@@ -16,6 +16,9 @@
 #include "formats/int8.hpp"
 #include "jit/gemm.hpp"
 #include "jit/kernel.hpp"
+#if !defined(__aarch64__)
+#include "jit/x64/gemm.hpp"
+#endif
 #include "kernel_exec.hpp"
 #include "runtime/moe_layer.hpp"
 #include "test_util.hpp"
@@ -847,6 +850,79 @@ TEST(Gemm, Fp8RoundsAskForTheNextStripInEveryPass) {
       EXPECT_EQ(fewest, passes) << key.name() << " seed " << seed << ", " << rows << " rows ("
                                 << blocks << " blocks, tail " << sp.tail << ")";
       EXPECT_LE(most, passes + 1) << key.name() << " " << rows << " rows";
+    }
+  }
+}
+#endif
+
+#if !defined(__aarch64__)
+// fp8 decode tiles (1-4 rows over the pair order, as the executor runs them at avx512_bf16)
+// prefetch their weight stream x64::decode_prefetch_bytes ahead: over a call of three strips,
+// every line of the stream from that many bytes on is asked for exactly once, and no line of the
+// weights before it. That holds for the steps the table decode takes (a zero-exponent code in
+// every fifth k pair: make_weights) and for a group's steps past its unrolled loop (K = 262: a
+// last group of 3 pairs), and whether the steps ask for their own lines (decode_prefetch_spread,
+// a Zen 5) or the loop for its lines at its end. A line dropped is a demand miss to DRAM, one
+// asked for twice a wasted slot. Counted in the interpreter, which logs each prefetch.
+TEST(Gemm, Fp8DecodeAsksForEveryLineOnce) {
+  for (const uint32_t seed : {1u, 2u}) {  // the pair order, with row and with block scales
+    Problem p{IsaLevel::avx512_bf16, WeightFormat::fp8, Epilogue::store, 4, 3 * 64, 262, seed};
+    const Packed pk = make_weights(p);
+    const auto& l = pk.layout;
+    ASSERT_TRUE(p.fp8_pairs() && l.fp8_pair_order);
+    ASSERT_EQ(l.full_strips, 3);
+    ASSERT_EQ(l.tail_vecs, 0);
+    int64_t flagged = 0;  // steps that take the table decode
+    for (int64_t st = 0; st < l.full_strips; ++st)
+      for (int64_t g = 0; g < l.groups(); ++g) {
+        const auto* flags =
+            reinterpret_cast<const uint8_t*>(pk.gscale.data() + st * l.gscale_floats_per_strip() +
+                                             g * l.gscale_floats_per_group()) +
+            formats::kFp8FlagOffset;
+        for (int i = 0; i < formats::kFp8FlagBytes; ++i) flagged += flags[i] != 0;
+      }
+    ASSERT_GT(flagged, 0);
+    const int64_t stream = l.strip_offset(3) / 64;  // the three strips' lines
+    // the weights with room past them for the read-ahead (so no other array lies there)
+    AlignedBuffer w(size_t(l.total_bytes()) + 65536);
+    std::memcpy(w.as<int8_t>(), pk.w.data(), pk.w.size());
+    for (int rows = 1; rows <= 4; ++rows) {
+      KernelKey key = key_for(IsaLevel::avx512_bf16, KernelKind::gemm_decode, rows, l.strip_vecs,
+                              Epilogue::store, WeightFormat::fp8);
+      key.variant = uint16_t(kBf16Pairs | kFp8PairOrder);
+      std::vector<uint16_t> a(size_t(rows * p.K), 0);  // bf16 rows
+      std::vector<float> a_scale(size_t(rows), 1.0f), out(size_t(rows * p.N), 0.0f);
+      std::vector<float*> out_rows;
+      for (int r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
+      GemmArgs args{};
+      args.a = reinterpret_cast<const int8_t*>(a.data());
+      args.lda = p.K * 2;
+      args.w = w.as<int8_t>();
+      args.n_strips = 3;
+      args.k4 = l.k4;
+      args.a_scale = a_scale.data();
+      args.w_scale = pk.scale.data();
+      args.w_comp = pk.comp.data();
+      args.out_rows = out_rows.data();
+      args.m_blocks = 1;
+      args.w_gscale = pk.gscale.data();
+      args.g_steps = l.g_steps;
+      args.g_per_strip = l.groups();
+      const int64_t ahead = x64::decode_prefetch_bytes(key) / 64;
+      ASSERT_LT(ahead, stream);
+      std::map<int64_t, int> asked;  // line (from the weights' first) -> times
+      const auto w0 = int64_t(reinterpret_cast<uintptr_t>(w.as<int8_t>()) / 64);
+      for (const uint64_t line : test::prefetch_lines(key, args)) ++asked[int64_t(line) - w0];
+      int64_t missed = 0, twice = 0, early = 0;
+      for (int64_t i = 0; i < stream && ahead > 0; ++i) {
+        const auto it = asked.find(ahead + i);
+        missed += it == asked.end();
+        twice += it != asked.end() && it->second > 1;
+      }
+      for (const auto& [line, n] : asked) early += line >= 0 && line < ahead + (ahead ? 0 : stream);
+      EXPECT_EQ(missed, 0) << key.name() << " seed " << seed << ": lines never asked for";
+      EXPECT_EQ(twice, 0) << key.name() << " seed " << seed << ": lines asked for twice";
+      EXPECT_EQ(early, 0) << key.name() << " seed " << seed << ": lines before the read-ahead";
     }
   }
 }
