@@ -2242,7 +2242,7 @@ class GemmGenerator : public JitGenerator {
   // bandwidth unused on a Xeon (not on a Zen 4: decode_prefetch_bytes).
   void advance_w(int bytes) {
     const int ahead = decode_prefetch_bytes(key_);
-    if (!prefill_ && ahead > 0 && !pf_spread_)
+    if (!prefill_ && ahead > 0)
       for (int off = 0; off < bytes; off += 64) prefetcht0(ptr[reg_w + ahead + off]);
     add(reg_w, bytes);
   }
@@ -2250,7 +2250,10 @@ class GemmGenerator : public JitGenerator {
     const int a_bytes = bf16_ ? 8 : 4;  // bf16 FMA kernels: two fp32 activations a step
     if (prefetch_next && !pf_var_) add(reg_pf, 64 * pf_lines_ * ((steps + 1) / 2));
     advance_rows(a_bytes * steps);
-    advance_w(step_bytes() * steps);
+    if (pf_spread_)  // (the steps asked for their lines: microkernel)
+      add(reg_w, step_bytes() * steps);
+    else
+      advance_w(step_bytes() * steps);
   }
   // Moves the tile's row pointers (a_row: 3 rows each) on by `bytes`.
   void advance_rows(int bytes) {
@@ -2266,6 +2269,11 @@ class GemmGenerator : public JitGenerator {
       pf_var_site();
     } else if (prefetch_next && u % 2 == 0) {
       for (int i = 0; i < pf_lines_; ++i) prefetcht1(ptr[reg_pf + (u / 2 * pf_lines_ + i) * 64]);
+    }
+    if (pf_spread_) {  // this step's lines, decode_prefetch_bytes() on (advance leaves them)
+      const int ahead = decode_prefetch_bytes(key_);
+      for (int off = 0; off < step_bytes() && ahead > 0; off += 64)
+        prefetcht0(ptr[reg_w + u * step_bytes() + ahead + off]);
     }
     if (i4w_) {
       microkernel_int4w(u);
@@ -2787,11 +2795,6 @@ class GemmGenerator : public JitGenerator {
     }
   }
   void microkernel_fp8_pairs(int u) {
-    if (pf_spread_) {  // this step's lines, decode_prefetch_bytes() on (advance_w leaves them)
-      const int ahead = decode_prefetch_bytes(key_);
-      for (int off = 0; off < step_bytes() && ahead > 0; off += 64)
-        prefetcht0(ptr[reg_w + u * step_bytes() + ahead + off]);
-    }
     fp8_pair_decode(
         reg_w + u * step_bytes(),
         [&](int v, const Zmm& w) {
