@@ -791,6 +791,35 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
 #endif
 
 #if !defined(__aarch64__)
+// A call of an fp8 pair kernel over `n_strips` strips from `w` (pk's layout) for the prefetch
+// tests: `rows` zero bf16 rows and their outputs. Not copyable: args points into it.
+struct Fp8PairCall {
+  std::vector<uint16_t> a;
+  std::vector<float> a_scale, out;
+  std::vector<float*> out_rows;
+  GemmArgs args{};
+  Fp8PairCall(const Packed& pk, const Problem& p, int64_t rows, const int8_t* w, int64_t n_strips)
+      : a(size_t(rows * p.K), 0), a_scale(size_t(rows), 1.0f), out(size_t(rows * p.N), 0.0f) {
+    for (int64_t r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
+    const auto& l = pk.layout;
+    args.a = reinterpret_cast<const int8_t*>(a.data());
+    args.lda = p.K * 2;
+    args.w = w;
+    args.n_strips = n_strips;
+    args.k4 = l.k4;
+    args.a_scale = a_scale.data();
+    args.w_scale = pk.scale.data();
+    args.w_comp = pk.comp.data();
+    args.out_rows = out_rows.data();
+    args.m_blocks = 1;
+    args.w_gscale = pk.gscale.data();
+    args.g_steps = l.g_steps;
+    args.g_per_strip = l.groups();
+  }
+  Fp8PairCall(const Fp8PairCall&) = delete;
+  Fp8PairCall& operator=(const Fp8PairCall&) = delete;
+};
+
 // fp8 pair prefill at avx512_bf16 (calls of 1 .. 8 blocks in rounds, jit/x64/gemm.cpp
 // strip_rounds): every pass over a group, each block's and the tail's, asks for the next strip's
 // lines of that group, so a call of P passes asks for every line of the next strip P times (the
@@ -815,26 +844,11 @@ TEST(Gemm, Fp8RoundsAskForTheNextStripInEveryPass) {
     for (const int64_t rows : {6, 9, 16, 53, 60}) {
       const PrefillSplit sp = prefill_split(key, rows);
       const int64_t blocks = sp.blocks, passes = blocks <= 8 ? blocks + (sp.tail > 0) : 1;
-      std::vector<uint16_t> a(size_t(rows * p.K), 0);  // bf16 rows
-      std::vector<float> a_scale(size_t(rows), 1.0f), out(size_t(rows * p.N), 0.0f);
-      std::vector<float*> out_rows;
-      for (int64_t r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
       std::vector<uint8_t> scratch(size_t(gemm_scratch_bytes(key, l.k4)));
-      GemmArgs args{};
-      args.a = reinterpret_cast<const int8_t*>(a.data());
-      args.lda = p.K * 2;
-      args.w = pk.w.data();
-      args.n_strips = 2;
-      args.k4 = l.k4;
-      args.a_scale = a_scale.data();
-      args.w_scale = pk.scale.data();
-      args.w_comp = pk.comp.data();
-      args.out_rows = out_rows.data();
+      Fp8PairCall call(pk, p, rows, pk.w.data(), 2);
+      GemmArgs& args = call.args;
       args.m_blocks = blocks;
       args.m_tail = sp.tail;
-      args.w_gscale = pk.gscale.data();
-      args.g_steps = l.g_steps;
-      args.g_per_strip = l.groups();
       args.scratch = scratch.data();
       std::map<int64_t, int> asked;  // line (from the weights' first) -> times
       const auto w0 = int64_t(reinterpret_cast<uintptr_t>(pk.w.data()) / 64);
@@ -890,24 +904,8 @@ TEST(Gemm, Fp8DecodeAsksForEveryLineOnce) {
       KernelKey key = key_for(IsaLevel::avx512_bf16, KernelKind::gemm_decode, rows, l.strip_vecs,
                               Epilogue::store, WeightFormat::fp8);
       key.variant = uint16_t(kBf16Pairs | kFp8PairOrder);
-      std::vector<uint16_t> a(size_t(rows * p.K), 0);  // bf16 rows
-      std::vector<float> a_scale(size_t(rows), 1.0f), out(size_t(rows * p.N), 0.0f);
-      std::vector<float*> out_rows;
-      for (int r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
-      GemmArgs args{};
-      args.a = reinterpret_cast<const int8_t*>(a.data());
-      args.lda = p.K * 2;
-      args.w = w.as<int8_t>();
-      args.n_strips = 3;
-      args.k4 = l.k4;
-      args.a_scale = a_scale.data();
-      args.w_scale = pk.scale.data();
-      args.w_comp = pk.comp.data();
-      args.out_rows = out_rows.data();
-      args.m_blocks = 1;
-      args.w_gscale = pk.gscale.data();
-      args.g_steps = l.g_steps;
-      args.g_per_strip = l.groups();
+      const Fp8PairCall call(pk, p, rows, w.as<int8_t>(), 3);
+      const GemmArgs& args = call.args;
       const int64_t ahead = x64::decode_prefetch_bytes(key) / 64;
       ASSERT_LT(ahead, stream);
       std::map<int64_t, int> asked;  // line (from the weights' first) -> times
