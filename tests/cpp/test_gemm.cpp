@@ -907,6 +907,7 @@ TEST(Gemm, Fp8DecodeAsksForEveryLineOnce) {
       const Fp8PairCall call(pk, p, rows, w.as<int8_t>(), 3);
       const GemmArgs& args = call.args;
       const int64_t ahead = x64::decode_prefetch_bytes(key) / 64;
+      SCOPED_TRACE(x64::decode_prefetch_spread(key) ? "step by step" : "at the loop's end");
       ASSERT_LT(ahead, stream);
       std::map<int64_t, int> asked;  // line (from the weights' first) -> times
       const auto w0 = int64_t(reinterpret_cast<uintptr_t>(w.as<int8_t>()) / 64);
