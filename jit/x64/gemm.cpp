@@ -64,21 +64,25 @@ namespace ktjit::x64 {
 constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefetchZen5Nib = 4096,
               kDecodePrefetchZen5Fp8 = 8192, kDecodePrefetchZen5Rows = 8192,
               kDecodePrefetchZen5Bf16Narrow = 4096, kDecodePrefetchZen5Fp8Spread = 4096;
-// The fp8 pair decode tiles (<= 4 rows) ask for each K step's lines as the step starts, not for
-// an unrolled loop's 8 lines together at its end. On a Zen 5 the bunched prefetches held the
-// one-row tiles' stream to about 0.9x INT8's over the same bytes. With the decode removed (a
-// load and two dots a line, timing only) dropping the prefetch made them 1.08x faster, so the
-// bunch itself cost bandwidth. Spread, 4096 bytes ahead: Qwen3 FP8 at T = 1 0.93-0.95x the
-// time of the bunched 8192 (in-process A/Bs, docs/evidence/zen5_avx512.md, a forty-second
-// session).
-bool decode_prefetch_spread(const KernelKey& key) {
-  static const bool zen5 = cpu_features().vendor == "AuthenticAMD" && cpu_features().family >= 0x1a;
-  return zen5 && key.kind == KernelKind::gemm_decode && fp8_pair_kernel(key);
-}
 // The rows from which a Zen 5's int8 / int4, bf16 and qgroup byte-code decode tiles take
 // kDecodePrefetchZen5Rows.
 constexpr int kZen5RowsPrefetchIntMinRows = 4, kZen5RowsPrefetchBf16MinRows = 2,
               kZen5RowsPrefetchQGroupMinRows = 2;
+// On a Zen 5 the fp8 pair decode tiles (<= 4 rows) and the int8 / int4 tiles of
+// kZen5RowsPrefetchIntMinRows rows or more ask for each K step's lines as the step starts, not
+// for an unrolled loop's lines together at its end. The bunched prefetches held the one-row fp8
+// tiles' stream to about 0.9x INT8's over the same bytes; with the decode removed (a load and two
+// dots a line, timing only) dropping the prefetch made them 1.08x faster, so the bunch itself
+// cost bandwidth. Spread, 4096 bytes ahead: Qwen3 FP8 at T = 1 0.93-0.95x the time of the bunched
+// 8192; the int8 / int4 rows, still 8192 ahead, Qwen3 INT8 at T = 64 0.985x, INT4 at T = 32-64
+// 0.975-0.986x (in-process A/Bs, docs/evidence/zen5_avx512.md, a forty-second session).
+bool decode_prefetch_spread(const KernelKey& key) {
+  static const bool zen5 = cpu_features().vendor == "AuthenticAMD" && cpu_features().family >= 0x1a;
+  if (!zen5 || key.kind != KernelKind::gemm_decode || vec_lanes(key.isa) != 16) return false;
+  const bool int_rows = (key.format == WeightFormat::int8 || key.format == WeightFormat::int4) &&
+                        key.m_r >= kZen5RowsPrefetchIntMinRows;
+  return fp8_pair_kernel(key) || int_rows;
+}
 int decode_prefetch_bytes(const KernelKey& key) {
   static const int env_bytes = [] {
     const char* env = std::getenv("KT_JIT_DECODE_PREFETCH");

@@ -870,6 +870,31 @@ TEST(Gemm, Fp8RoundsAskForTheNextStripInEveryPass) {
 #endif
 
 #if !defined(__aarch64__)
+// A decode call's prefetches of its weight stream (`stream` lines from `w`, with room after them),
+// counted in the interpreter against the kernel's own read-ahead (x64::decode_prefetch_bytes):
+// lines of the stream from the read-ahead on never asked for, asked for more than once, and lines
+// of the weights before the read-ahead asked for (with no read-ahead: any line of the stream).
+struct LineAsks {
+  int64_t missed = 0, twice = 0, early = 0;
+};
+LineAsks count_line_asks(const KernelKey& key, const GemmArgs& args, const int8_t* w,
+                         int64_t stream) {
+  const int64_t ahead = x64::decode_prefetch_bytes(key) / 64;
+  std::map<int64_t, int> asked;  // line (from the weights' first) -> times
+  const auto w0 = int64_t(reinterpret_cast<uintptr_t>(w) / 64);
+  for (const uint64_t line : test::prefetch_lines(key, args)) ++asked[int64_t(line) - w0];
+  LineAsks r;
+  for (int64_t i = 0; i < stream && ahead > 0; ++i) {
+    const auto it = asked.find(ahead + i);
+    r.missed += it == asked.end();
+    r.twice += it != asked.end() && it->second > 1;
+  }
+  for (const auto& [line, n] : asked) r.early += line >= 0 && line < ahead + (ahead ? 0 : stream);
+  return r;
+}
+#endif
+
+#if !defined(__aarch64__)
 // fp8 decode tiles (1-4 rows over the pair order, as the executor runs them at avx512_bf16)
 // prefetch their weight stream x64::decode_prefetch_bytes ahead: over a call of three strips,
 // every line of the stream from that many bytes on is asked for exactly once, and no line of the
@@ -906,22 +931,60 @@ TEST(Gemm, Fp8DecodeAsksForEveryLineOnce) {
       key.variant = uint16_t(kBf16Pairs | kFp8PairOrder);
       const Fp8PairCall call(pk, p, rows, w.as<int8_t>(), 3);
       const GemmArgs& args = call.args;
-      const int64_t ahead = x64::decode_prefetch_bytes(key) / 64;
       SCOPED_TRACE(x64::decode_prefetch_spread(key) ? "step by step" : "at the loop's end");
-      ASSERT_LT(ahead, stream);
-      std::map<int64_t, int> asked;  // line (from the weights' first) -> times
-      const auto w0 = int64_t(reinterpret_cast<uintptr_t>(w.as<int8_t>()) / 64);
-      for (const uint64_t line : test::prefetch_lines(key, args)) ++asked[int64_t(line) - w0];
-      int64_t missed = 0, twice = 0, early = 0;
-      for (int64_t i = 0; i < stream && ahead > 0; ++i) {
-        const auto it = asked.find(ahead + i);
-        missed += it == asked.end();
-        twice += it != asked.end() && it->second > 1;
-      }
-      for (const auto& [line, n] : asked) early += line >= 0 && line < ahead + (ahead ? 0 : stream);
-      EXPECT_EQ(missed, 0) << key.name() << " seed " << seed << ": lines never asked for";
-      EXPECT_EQ(twice, 0) << key.name() << " seed " << seed << ": lines asked for twice";
-      EXPECT_EQ(early, 0) << key.name() << " seed " << seed << ": lines before the read-ahead";
+      ASSERT_LT(x64::decode_prefetch_bytes(key) / 64, stream);
+      const LineAsks r = count_line_asks(key, args, w.as<int8_t>(), stream);
+      EXPECT_EQ(r.missed, 0) << key.name() << " seed " << seed << ": lines never asked for";
+      EXPECT_EQ(r.twice, 0) << key.name() << " seed " << seed << ": lines asked for twice";
+      EXPECT_EQ(r.early, 0) << key.name() << " seed " << seed << ": lines before the read-ahead";
+    }
+  }
+}
+#endif
+
+#if !defined(__aarch64__)
+// The same for the int8 and int4 decode tiles at avx512_bf16, 1 row to the most the executor
+// gives them, over three strips of the executor's width (strip_vecs_for) and K with steps past
+// the unrolled loop (K = 260 / 264): every line from the read-ahead on asked for once, none
+// before it, whether the tile asks step by step (decode_prefetch_spread: from 4 rows on a Zen 5)
+// or at its loop's end, or not at all.
+TEST(Gemm, IntDecodeTilesAskForEveryLineOnce) {
+  const IsaLevel isa = IsaLevel::avx512_bf16;
+  for (const WeightFormat fmt : {WeightFormat::int8, WeightFormat::int4}) {
+    const int sv = strip_vecs_for(isa, fmt);
+    Problem p{isa, fmt, Epilogue::store, 6, 3 * 16 * sv, fmt == WeightFormat::int8 ? 260 : 264, 5};
+    p.strip_vecs = sv;
+    const Packed pk = make_weights(p);
+    const auto& l = pk.layout;
+    ASSERT_EQ(l.full_strips, 3);
+    ASSERT_EQ(l.tail_vecs, 0);
+    const int64_t stream = l.strip_offset(3) / 64;
+    AlignedBuffer w(size_t(l.total_bytes()) + 65536);  // (room past them for the read-ahead)
+    std::memcpy(w.as<int8_t>(), pk.w.data(), pk.w.size());
+    const GemmKernelSet ks = make_gemm_kernel_set(isa, fmt, Epilogue::store, 0, 0, true);
+    for (int rows = 1; rows <= ks.max_rows; ++rows) {
+      const KernelKey key = key_for(isa, KernelKind::gemm_decode, rows, sv, Epilogue::store, fmt);
+      SCOPED_TRACE(x64::decode_prefetch_spread(key) ? "step by step" : "at the loop's end");
+      ASSERT_LT(x64::decode_prefetch_bytes(key) / 64, stream);
+      std::vector<int8_t> a(size_t(rows * p.K), 1);
+      std::vector<float> a_scale(size_t(rows), 1.0f), out(size_t(rows * p.N), 0.0f);
+      std::vector<float*> out_rows;
+      for (int r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
+      GemmArgs args{};
+      args.a = a.data();
+      args.lda = p.K;
+      args.w = w.as<int8_t>();
+      args.n_strips = 3;
+      args.k4 = l.k4;
+      args.a_scale = a_scale.data();
+      args.w_scale = pk.scale.data();
+      args.w_comp = pk.comp.data();
+      args.out_rows = out_rows.data();
+      args.m_blocks = 1;
+      const LineAsks r = count_line_asks(key, args, w.as<int8_t>(), stream);
+      EXPECT_EQ(r.missed, 0) << key.name() << ": lines never asked for";
+      EXPECT_EQ(r.twice, 0) << key.name() << ": lines asked for twice";
+      EXPECT_EQ(r.early, 0) << key.name() << ": lines before the read-ahead";
     }
   }
 }
