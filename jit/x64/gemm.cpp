@@ -68,6 +68,11 @@ constexpr int kDecodePrefetch = 3072, kDecodePrefetchAmdInt = 1536, kDecodePrefe
 // kDecodePrefetchZen5Rows.
 constexpr int kZen5RowsPrefetchIntMinRows = 4, kZen5RowsPrefetchBf16MinRows = 2,
               kZen5RowsPrefetchQGroupMinRows = 2;
+// An AMD CPU of family 26 on (a Zen 5), where the decode prefetch was tuned apart.
+static bool zen5_cpu() {
+  static const bool zen5 = cpu_features().vendor == "AuthenticAMD" && cpu_features().family >= 0x1a;
+  return zen5;
+}
 // On a Zen 5 the fp8 pair decode tiles (<= 4 rows) and the int8 / int4 tiles of
 // kZen5RowsPrefetchIntMinRows rows or more ask for each K step's lines as the step starts, not
 // for an unrolled loop's lines together at its end. The bunched prefetches held the one-row fp8
@@ -77,8 +82,7 @@ constexpr int kZen5RowsPrefetchIntMinRows = 4, kZen5RowsPrefetchBf16MinRows = 2,
 // 8192; the int8 / int4 rows, still 8192 ahead, Qwen3 INT8 at T = 64 0.985x, INT4 at T = 32-64
 // 0.975-0.986x (in-process A/Bs, docs/evidence/zen5_avx512.md, a forty-second session).
 bool decode_prefetch_spread(const KernelKey& key) {
-  static const bool zen5 = cpu_features().vendor == "AuthenticAMD" && cpu_features().family >= 0x1a;
-  if (!zen5 || key.kind != KernelKind::gemm_decode || vec_lanes(key.isa) != 16) return false;
+  if (!zen5_cpu() || key.kind != KernelKind::gemm_decode || vec_lanes(key.isa) != 16) return false;
   const bool int_rows = (key.format == WeightFormat::int8 || key.format == WeightFormat::int4) &&
                         key.m_r >= kZen5RowsPrefetchIntMinRows;
   return fp8_pair_kernel(key) || int_rows;
@@ -100,8 +104,7 @@ int decode_prefetch_bytes(const KernelKey& key) {
       cpu_features().vendor == "AuthenticAMD" || cpu_features().vendor == "HygonGenuine";
   const WeightFormat fmt = key.format;
   if (amd && vec_lanes(key.isa) == 16) {
-    static const bool zen5 = cpu_features().family >= 0x1a;
-    if (!zen5) return 0;
+    if (!zen5_cpu()) return 0;
     const bool nibbles = fmt == WeightFormat::int4 || fmt == WeightFormat::mxfp4 ||
                          (fmt == WeightFormat::qgroup && (key.variant & kQGroupNibbles));
     const bool e4m3 = fmt == WeightFormat::fp8 || fmt == WeightFormat::mxfp8;
