@@ -791,19 +791,22 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
 #endif
 
 #if !defined(__aarch64__)
-// A call of an fp8 pair kernel over `n_strips` strips from `w` (pk's layout) for the prefetch
-// tests: `rows` zero bf16 rows and their outputs. Not copyable: args points into it.
-struct Fp8PairCall {
-  std::vector<uint16_t> a;
+// A call of a kernel over `n_strips` strips from `w` (pk's layout) for the prefetch tests:
+// `rows` zero activation rows (bf16 for the fp8 pair kernels, else int8) and their outputs.
+// Not copyable: args points into it.
+struct StripCall {
+  std::vector<uint8_t> a;
   std::vector<float> a_scale, out;
   std::vector<float*> out_rows;
   GemmArgs args{};
-  Fp8PairCall(const Packed& pk, const Problem& p, int64_t rows, const int8_t* w, int64_t n_strips)
-      : a(size_t(rows * p.K), 0), a_scale(size_t(rows), 1.0f), out(size_t(rows * p.N), 0.0f) {
+  StripCall(const Packed& pk, const Problem& p, int64_t rows, const int8_t* w, int64_t n_strips)
+      : a(size_t(rows * p.K * (p.fp8_pairs() ? 2 : 1)), 0),
+        a_scale(size_t(rows), 1.0f),
+        out(size_t(rows * p.N), 0.0f) {
     for (int64_t r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
     const auto& l = pk.layout;
     args.a = reinterpret_cast<const int8_t*>(a.data());
-    args.lda = p.K * 2;
+    args.lda = p.K * (p.fp8_pairs() ? 2 : 1);
     args.w = w;
     args.n_strips = n_strips;
     args.k4 = l.k4;
@@ -812,12 +815,14 @@ struct Fp8PairCall {
     args.w_comp = pk.comp.data();
     args.out_rows = out_rows.data();
     args.m_blocks = 1;
-    args.w_gscale = pk.gscale.data();
-    args.g_steps = l.g_steps;
-    args.g_per_strip = l.groups();
+    if (!pk.gscale.empty()) {  // fp8: the group scales
+      args.w_gscale = pk.gscale.data();
+      args.g_steps = l.g_steps;
+      args.g_per_strip = l.groups();
+    }
   }
-  Fp8PairCall(const Fp8PairCall&) = delete;
-  Fp8PairCall& operator=(const Fp8PairCall&) = delete;
+  StripCall(const StripCall&) = delete;
+  StripCall& operator=(const StripCall&) = delete;
 };
 
 // fp8 pair prefill at avx512_bf16 (calls of 1 .. 8 blocks in rounds, jit/x64/gemm.cpp
@@ -845,7 +850,7 @@ TEST(Gemm, Fp8RoundsAskForTheNextStripInEveryPass) {
       const PrefillSplit sp = prefill_split(key, rows);
       const int64_t blocks = sp.blocks, passes = blocks <= 8 ? blocks + (sp.tail > 0) : 1;
       std::vector<uint8_t> scratch(size_t(gemm_scratch_bytes(key, l.k4)));
-      Fp8PairCall call(pk, p, rows, pk.w.data(), 2);
+      StripCall call(pk, p, rows, pk.w.data(), 2);
       GemmArgs& args = call.args;
       args.m_blocks = blocks;
       args.m_tail = sp.tail;
@@ -870,27 +875,36 @@ TEST(Gemm, Fp8RoundsAskForTheNextStripInEveryPass) {
 #endif
 
 #if !defined(__aarch64__)
-// A decode call's prefetches of its weight stream (`stream` lines from `w`, with room after them),
-// counted in the interpreter against the kernel's own read-ahead (x64::decode_prefetch_bytes):
-// lines of the stream from the read-ahead on never asked for, asked for more than once, and lines
-// of the weights before the read-ahead asked for (with no read-ahead: any line of the stream).
-struct LineAsks {
-  int64_t missed = 0, twice = 0, early = 0;
-};
-LineAsks count_line_asks(const KernelKey& key, const GemmArgs& args, const int8_t* w,
-                         int64_t stream) {
+// The packed weights copied into a buffer with room past them for a decode kernel's read-ahead
+// (so no other array lies there).
+AlignedBuffer with_read_ahead_room(const Packed& pk) {
+  AlignedBuffer w(pk.w.size() + 65536);
+  std::memcpy(w.as<int8_t>(), pk.w.data(), pk.w.size());
+  return w;
+}
+// A decode call's prefetches of its weight stream (`stream` lines from `w`), counted in the
+// interpreter against the kernel's own read-ahead (x64::decode_prefetch_bytes): every line of
+// the stream from the read-ahead on asked for exactly once, and no line of the weights before
+// it (with no read-ahead: none of the stream).
+void expect_each_line_once(const KernelKey& key, const GemmArgs& args, const int8_t* w,
+                           int64_t stream, const std::string& what) {
+  SCOPED_TRACE(key.name() + " " + what +
+               (x64::decode_prefetch_spread(key) ? ", step by step" : ", at the loop's end"));
   const int64_t ahead = x64::decode_prefetch_bytes(key) / 64;
+  ASSERT_LT(ahead, stream);
   std::map<int64_t, int> asked;  // line (from the weights' first) -> times
   const auto w0 = int64_t(reinterpret_cast<uintptr_t>(w) / 64);
   for (const uint64_t line : test::prefetch_lines(key, args)) ++asked[int64_t(line) - w0];
-  LineAsks r;
+  int64_t missed = 0, twice = 0, early = 0;
   for (int64_t i = 0; i < stream && ahead > 0; ++i) {
     const auto it = asked.find(ahead + i);
-    r.missed += it == asked.end();
-    r.twice += it != asked.end() && it->second > 1;
+    missed += it == asked.end();
+    twice += it != asked.end() && it->second > 1;
   }
-  for (const auto& [line, n] : asked) r.early += line >= 0 && line < ahead + (ahead ? 0 : stream);
-  return r;
+  for (const auto& [line, n] : asked) early += line >= 0 && line < ahead + (ahead ? 0 : stream);
+  EXPECT_EQ(missed, 0) << "lines never asked for";
+  EXPECT_EQ(twice, 0) << "lines asked for twice";
+  EXPECT_EQ(early, 0) << "lines before the read-ahead";
 }
 #endif
 
@@ -922,21 +936,13 @@ TEST(Gemm, Fp8DecodeAsksForEveryLineOnce) {
       }
     ASSERT_GT(flagged, 0);
     const int64_t stream = l.strip_offset(3) / 64;  // the three strips' lines
-    // the weights with room past them for the read-ahead (so no other array lies there)
-    AlignedBuffer w(size_t(l.total_bytes()) + 65536);
-    std::memcpy(w.as<int8_t>(), pk.w.data(), pk.w.size());
+    const AlignedBuffer w = with_read_ahead_room(pk);
     for (int rows = 1; rows <= 4; ++rows) {
       KernelKey key = key_for(IsaLevel::avx512_bf16, KernelKind::gemm_decode, rows, l.strip_vecs,
                               Epilogue::store, WeightFormat::fp8);
       key.variant = uint16_t(kBf16Pairs | kFp8PairOrder);
-      const Fp8PairCall call(pk, p, rows, w.as<int8_t>(), 3);
-      const GemmArgs& args = call.args;
-      SCOPED_TRACE(x64::decode_prefetch_spread(key) ? "step by step" : "at the loop's end");
-      ASSERT_LT(x64::decode_prefetch_bytes(key) / 64, stream);
-      const LineAsks r = count_line_asks(key, args, w.as<int8_t>(), stream);
-      EXPECT_EQ(r.missed, 0) << key.name() << " seed " << seed << ": lines never asked for";
-      EXPECT_EQ(r.twice, 0) << key.name() << " seed " << seed << ": lines asked for twice";
-      EXPECT_EQ(r.early, 0) << key.name() << " seed " << seed << ": lines before the read-ahead";
+      const StripCall call(pk, p, rows, w.as<int8_t>(), 3);
+      expect_each_line_once(key, call.args, w.as<int8_t>(), stream, "seed " + std::to_string(seed));
     }
   }
 }
@@ -959,32 +965,12 @@ TEST(Gemm, IntDecodeTilesAskForEveryLineOnce) {
     ASSERT_EQ(l.full_strips, 3);
     ASSERT_EQ(l.tail_vecs, 0);
     const int64_t stream = l.strip_offset(3) / 64;
-    AlignedBuffer w(size_t(l.total_bytes()) + 65536);  // (room past them for the read-ahead)
-    std::memcpy(w.as<int8_t>(), pk.w.data(), pk.w.size());
+    const AlignedBuffer w = with_read_ahead_room(pk);
     const GemmKernelSet ks = make_gemm_kernel_set(isa, fmt, Epilogue::store, 0, 0, true);
     for (int rows = 1; rows <= ks.max_rows; ++rows) {
       const KernelKey key = key_for(isa, KernelKind::gemm_decode, rows, sv, Epilogue::store, fmt);
-      SCOPED_TRACE(x64::decode_prefetch_spread(key) ? "step by step" : "at the loop's end");
-      ASSERT_LT(x64::decode_prefetch_bytes(key) / 64, stream);
-      std::vector<int8_t> a(size_t(rows * p.K), 1);
-      std::vector<float> a_scale(size_t(rows), 1.0f), out(size_t(rows * p.N), 0.0f);
-      std::vector<float*> out_rows;
-      for (int r = 0; r < rows; ++r) out_rows.push_back(out.data() + r * p.N);
-      GemmArgs args{};
-      args.a = a.data();
-      args.lda = p.K;
-      args.w = w.as<int8_t>();
-      args.n_strips = 3;
-      args.k4 = l.k4;
-      args.a_scale = a_scale.data();
-      args.w_scale = pk.scale.data();
-      args.w_comp = pk.comp.data();
-      args.out_rows = out_rows.data();
-      args.m_blocks = 1;
-      const LineAsks r = count_line_asks(key, args, w.as<int8_t>(), stream);
-      EXPECT_EQ(r.missed, 0) << key.name() << ": lines never asked for";
-      EXPECT_EQ(r.twice, 0) << key.name() << ": lines asked for twice";
-      EXPECT_EQ(r.early, 0) << key.name() << ": lines before the read-ahead";
+      const StripCall call(pk, p, rows, w.as<int8_t>(), 3);
+      expect_each_line_once(key, call.args, w.as<int8_t>(), stream, "");
     }
   }
 }
