@@ -538,18 +538,30 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<ReadProbe>(m, "ReadProbe",
                         "A streaming-read buffer (mapped and first-touched once); pass_gbs() "
-                        "times one read of it on the calling thread.")
-      .def(py::init([](int64_t bytes) {
+                        "times one read of it on the calling thread, or with on_pool=True on "
+                        "every thread of the init_pool() pools (the buffer split in equal parts, "
+                        "each first-touched and read by its thread).")
+      .def(py::init([](int64_t bytes, bool on_pool) {
              if (bytes < 1024) throw std::invalid_argument("ReadProbe: bytes must be >= 1024");
-             return std::make_unique<ReadProbe>(size_t(bytes));
+             if (!on_pool) return std::make_unique<ReadProbe>(size_t(bytes));
+             if (!ThreadPool::global_exists())
+               throw std::invalid_argument("ReadProbe: on_pool=True needs init_pool() first");
+             ThreadPool& pool = ThreadPool::global();
+             if (bytes < int64_t(pool.size()) * 1024)
+               throw std::invalid_argument("ReadProbe: bytes must be >= 1024 per pool thread (" +
+                                           std::to_string(pool.size()) + " threads), got " +
+                                           std::to_string(bytes));
+             py::gil_scoped_release release;  // (the first touch runs on the pool)
+             return std::make_unique<ReadProbe>(size_t(bytes), &pool);
            }),
-           py::arg("bytes") = int64_t(256) << 20)
+           py::arg("bytes") = int64_t(256) << 20, py::arg("on_pool") = false)
       .def("pass_gbs",
            [](ReadProbe& p) {
              py::gil_scoped_release release;
              return p.pass_gbs();
            })
-      .def_property_readonly("bytes", [](const ReadProbe& p) { return int64_t(p.bytes()); });
+      .def_property_readonly("bytes", [](const ReadProbe& p) { return int64_t(p.bytes()); })
+      .def_property_readonly("threads", &ReadProbe::threads);
 
   register_serving(m);
   register_gguf(m);     // python/bindings_gguf.cpp

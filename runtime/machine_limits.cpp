@@ -18,6 +18,7 @@
 #include "jit/bench_loops.hpp"
 #include "jit/kernel.hpp"
 #include "runtime/cpu_relax.hpp"
+#include "runtime/thread_pool.hpp"
 
 namespace ktjit {
 namespace {
@@ -137,21 +138,49 @@ struct ReadProbe::Buffer : HugeBuffer {
   using HugeBuffer::HugeBuffer;
 };
 
-ReadProbe::ReadProbe(size_t bytes) : bytes_(round_kib(bytes)) {
+ReadProbe::ReadProbe(size_t bytes, ThreadPool* pool) : pool_(pool) {
+  const size_t n = size_t(threads());
+  part_ = round_kib(bytes / n);
+  bytes_ = part_ * n;
   if (bytes_ == 0) throw std::invalid_argument("ReadProbe: empty buffer");
   buf_ = std::make_unique<Buffer>(bytes_);
-  std::memset(buf_->data(), 1, bytes_);  // first touch: pages resident before any pass
   fn_ = read_stream_fn();
-  fn_(buf_->data(), int64_t(bytes_));  // warm-up pass (TLB, clocks)
+  if (!pool_) {
+    std::memset(buf_->data(), 1, bytes_);  // first touch: pages resident before any pass
+    fn_(buf_->data(), int64_t(bytes_));    // warm-up pass (TLB, clocks)
+    return;
+  }
+  pool_->run([&](int t, int) {  // each part first-touched by its reader (its pool's node)
+    uint8_t* mine = buf_->data() + size_t(t) * part_;
+    std::memset(mine, 1, part_);
+    fn_(mine, int64_t(part_));
+  });
 }
 
 ReadProbe::~ReadProbe() = default;
 
+int ReadProbe::threads() const {
+  return pool_ ? pool_->size() : 1;
+}
+
 double ReadProbe::pass_gbs() {
-  const auto t0 = Clock::now();
-  fn_(buf_->data(), int64_t(bytes_));
-  const auto t1 = Clock::now();
-  return double(bytes_) / seconds(t0, t1) / 1e9;
+  if (!pool_) {
+    const auto t0 = Clock::now();
+    fn_(buf_->data(), int64_t(bytes_));
+    const auto t1 = Clock::now();
+    return double(bytes_) / seconds(t0, t1) / 1e9;
+  }
+  const size_t n = size_t(threads());
+  std::vector<Clock::time_point> start(n), end(n);
+  pool_->run([&](int t, int) {
+    start[size_t(t)] = Clock::now();
+    fn_(buf_->data() + size_t(t) * part_, int64_t(part_));
+    end[size_t(t)] = Clock::now();
+  });
+  return double(bytes_) /
+         seconds(*std::min_element(start.begin(), start.end()),
+                 *std::max_element(end.begin(), end.end())) /
+         1e9;
 }
 
 double measure_read_bandwidth_gbs(size_t bytes, int reps) {

@@ -11,25 +11,34 @@
 
 namespace ktjit {
 
+class ThreadPool;
+
 // Median GB/s (1 GB = 1e9 B) of a streaming read over a `bytes` buffer (mmap + MADV_HUGEPAGE,
 // first-touched before timing) on the calling thread, over `reps` timed passes.
 double measure_read_bandwidth_gbs(size_t bytes = size_t(1) << 30, int reps = 5);
 
 // One streaming-read buffer kept between passes, for probes taken right beside other timings
 // (`kt-jit bench` pairs each decode forward with one): the buffer is mapped and first-touched
-// once, then every pass() is one timed read of it on the calling thread.
+// once, then every pass() is one timed read of it on the calling thread. With a `pool`, on the
+// threads a forward runs on instead: the buffer in pool->size() equal parts (whole KiB each),
+// thread t of ThreadPool::run first-touching and reading part t, and a pass's GB/s all the bytes
+// over the seconds from the first thread's start to the last one's end (not the fork or the
+// join). The pool must outlive the probe.
 class ReadProbe {
  public:
-  explicit ReadProbe(size_t bytes = size_t(256) << 20);
+  explicit ReadProbe(size_t bytes = size_t(256) << 20, ThreadPool* pool = nullptr);
   ~ReadProbe();
   ReadProbe(const ReadProbe&) = delete;
   ReadProbe& operator=(const ReadProbe&) = delete;
   double pass_gbs();  // GB/s of one timed pass
   size_t bytes() const { return bytes_; }
+  int threads() const;  // 1, or the pool's threads
 
  private:
   struct Buffer;  // the mapping (machine_limits.cpp)
   size_t bytes_ = 0;
+  size_t part_ = 0;  // bytes a thread reads (the pool's case; else bytes_)
+  ThreadPool* pool_ = nullptr;
   std::unique_ptr<Buffer> buf_;
   void (*fn_)(const void*, int64_t) = nullptr;
 };

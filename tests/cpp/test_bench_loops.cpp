@@ -9,6 +9,8 @@
 #include "jit/kernel.hpp"
 #include "jit/x64/bench_loops.hpp"
 #include "runtime/machine_limits.hpp"
+#include "runtime/thread_pool.hpp"
+#include "runtime/topology.hpp"
 #include "test_util.hpp"
 
 namespace ktjit {
@@ -79,6 +81,30 @@ TEST(BenchLoops, ReadStreamRuns) {
   // Through the runtime API too (small buffer, few reps): any positive rate.
   EXPECT_GT(measure_read_bandwidth_gbs(1 << 20, 2), 0.0);
   EXPECT_GT(measure_read_bandwidth_gbs_threads(2, 1 << 20, 2), 0.0);
+}
+
+// The probe `kt-jit bench` pairs with multi-thread forwards: one part of whole KiB per pool thread
+// (every thread of every pool, by ThreadPool::run's flat ids), the rest of `bytes` dropped.
+TEST(BenchLoops, ReadProbeSplitsOverThePool) {
+  const IsaLevel isa = detected_isa();
+  if (isa == IsaLevel::ref) GTEST_SKIP() << "no vector ISA on this CPU";
+  if (!KernelCache::instance().get(read_key(isa))) GTEST_SKIP() << "executable memory refused";
+  ReadProbe alone(10000);
+  EXPECT_EQ(alone.threads(), 1);
+  EXPECT_EQ(alone.bytes(), 9216u);
+  ThreadPool three(3, 1);
+  ReadProbe split(10000, &three);  // 3333 bytes a thread: 3 KiB each
+  EXPECT_EQ(split.threads(), 3);
+  EXPECT_EQ(split.bytes(), 3u * 3072u);
+  EXPECT_GT(split.pass_gbs(), 0.0);
+  EXPECT_THROW(ReadProbe(2000, &three), std::invalid_argument);  // under 1 KiB a thread
+#if !defined(KT_JIT_NO_HWLOC)  // (synthetic topologies are hwloc's)
+  ThreadPool pools(5, 2, {}, Topology::synthetic("node:2 core:2 pu:1"));  // 2 + 3 threads
+  ReadProbe flat(5 << 20, &pools);
+  EXPECT_EQ(flat.threads(), 5);
+  EXPECT_EQ(flat.bytes(), size_t(5) << 20);
+  for (int i = 0; i < 3; ++i) EXPECT_GT(flat.pass_gbs(), 0.0);
+#endif
 }
 
 TEST(BenchLoops, PeakLoopsRun) {

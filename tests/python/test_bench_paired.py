@@ -4,6 +4,10 @@ taken right before and after it, the table column that reports it, and the probe
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from kt_jit import _core, bench
@@ -60,3 +64,42 @@ def test_read_probe_reads_its_buffer():
     assert _core.ReadProbe(5000).bytes == 4096  # whole KiB, as the start-of-run probe
     with pytest.raises(ValueError, match="bytes must be >= 1024"):
         _core.ReadProbe(100)
+
+
+def test_read_probe_on_the_pool_splits_its_buffer_over_the_threads():
+    # In a process of its own: the pools are process-wide and the first init_pool wins.
+    code = """
+from kt_jit import _core
+try:
+    _core.ReadProbe(1 << 20, on_pool=True)
+except ValueError as e:
+    print("no pool:", e)
+_core.init_pool(3, 1)
+p = _core.ReadProbe(10000, on_pool=True)  # 3333 bytes a thread: 3 KiB each
+print(p.threads, p.bytes, all(p.pass_gbs() > 0 for _ in range(3)))
+print(_core.ReadProbe(10000).threads)
+try:
+    _core.ReadProbe(2000, on_pool=True)
+except ValueError as e:
+    print("small:", e)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("no pool:") and "init_pool" in lines[0]
+    assert lines[1] == "3 9216 True"
+    assert lines[2] == "1"
+    assert lines[3].startswith("small:") and "3 threads" in lines[3]
+
+
+def test_two_thread_bench_pairs_its_decode_reps_with_pool_probes(tmp_path):
+    out = tmp_path / "b.json"
+    args = [sys.executable, "-m", "kt_jit.bench", "--method", "AMXINT8", "--tokens", "1"]
+    args += ["--threads", "2", "--layers", "1", "--reps", "1", "--warmup", "1"]
+    args += ["--shape", "qwen3", "--json", str(out)]
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    row = json.loads(out.read_text())["results"][0]
+    assert row["bound"] == "bandwidth"
+    assert row["paired_reps"] == bench.PAIRED_REPS and row["paired_roof_pct"] > 0
+    assert "of the adjacent read probes" in proc.stdout
