@@ -320,9 +320,8 @@ class KTMoEWrapper:
         hf_methods = ("BF16", "FP8", "FP8_PERCHANNEL", "LLAMAFILE")
         if not (kt_dir or mx or int4 or method in hf_methods):
             raise NotImplementedError(
-                f"load_weights: loading method {method!r} from weight_path "
-                f"({self.weight_path!r}) arrives with the formats issue; use "
-                "load_weights_from_tensors"
+                f"load_weights: method {method!r} has no loader for weight_path "
+                f"({self.weight_path!r}); use load_weights_from_tensors"
             )
         pmap = self._check_map(physical_to_logical_map_cpu)
         artifact = ktjit.is_artifact(self.weight_path)  # written by `kt-jit convert`
