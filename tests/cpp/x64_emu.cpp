@@ -385,6 +385,12 @@ class Machine {
       case ZYDIS_MNEMONIC_PREFETCHT2:
       case ZYDIS_MNEMONIC_PREFETCHNTA:
         if (opt_.on_prefetch) opt_.on_prefetch(address(rip, in, o[0]));
+        if (opt_.on_prefetch_hint)
+          opt_.on_prefetch_hint(address(rip, in, o[0]),
+                                in.d.mnemonic == ZYDIS_MNEMONIC_PREFETCHT0   ? 0
+                                : in.d.mnemonic == ZYDIS_MNEMONIC_PREFETCHT1 ? 1
+                                : in.d.mnemonic == ZYDIS_MNEMONIC_PREFETCHT2 ? 2
+                                                                             : 3);
         return;
       case ZYDIS_MNEMONIC_MOV: write_int(rip, in, o[0], read_int(rip, in, o[1])); return;
       case ZYDIS_MNEMONIC_MOVSXD:

@@ -40,6 +40,8 @@ struct EmuOptions {
   // Called with the address of each software prefetch (prefetcht0/t1/t2/nta), which otherwise
   // does nothing here.
   std::function<void(uint64_t)> on_prefetch;
+  // The same with the prefetch's hint: 0 prefetcht0, 1 prefetcht1, 2 prefetcht2, 3 prefetchnta.
+  std::function<void(uint64_t, int)> on_prefetch_hint;
   // Called with the address and size of each vector register stored to memory (after the store).
   std::function<void(uint64_t, int)> on_vector_store;
 };
