@@ -87,17 +87,18 @@ bool decode_prefetch_spread(const KernelKey& key) {
                         key.m_r >= kZen5RowsPrefetchIntMinRows;
   return fp8_pair_kernel(key) || int_rows;
 }
-// The int8 12-row tiles over 2-vector strips (int8_rows2v) on a Zen 5 ask for their shares of the
-// next strip into L1. Over Qwen3's matrices from DRAM (ktjit_kernel_bench, 3 alternating rounds)
-// down's 16-row calls ran 1.04-1.06x faster, its 8-row ones 1.08x, gate/up's 16 rows 1.01x, 24
-// rows 1.00-1.10x; Qwen3 INT8 layers (in-process A/Bs, AB / BA) T = 128 0.977 / 0.966x the time,
-// T = 256 0.995 / 0.993x (2 threads 0.970 / 0.974x), T = 64 0.990 / 0.995x, T = 1024 the same.
-// The BF16 pair, int4, FP8 and qgroup tiles measured no gain that held (T = 256: BF16 1.005 /
-// 0.972x, INT4 0.995 / 0.994x, FP8 1.004 / 1.006x, Q4_K 0.945 / 0.999x with one order's first
-// layer slow) and keep prefetcht1, as every tile does on other CPUs: a Zen 4 VM's 6-row blocks
-// over 4-vector strips ran about 1.35x slower with prefetcht0 (2026-11-27).
+// The 12-row tiles over 2-vector strips (rows2v_kernel: int8 and the BF16 pairs) on a Zen 5 ask
+// for their shares of the next strip into L1. Over Qwen3's matrices from DRAM (ktjit_kernel_bench,
+// 3 alternating rounds) int8 down's 16-row calls ran 1.04-1.06x faster, its 8-row ones 1.08x,
+// gate/up's 16 rows 1.01x, 24 rows 1.00-1.10x; Qwen3 INT8 layers (in-process A/Bs, AB / BA) T =
+// 128 0.977 / 0.966x the time, T = 256 0.995 / 0.993x (2 threads 0.970 / 0.974x), T = 64 0.990 /
+// 0.995x, T = 1024 the same; BF16 layers T = 128 0.990 / 0.991x, T = 256 0.996 / 0.993x (2
+// threads 0.991 / 0.991x), T = 1024 0.995 / 0.997x. The int4, FP8 and qgroup tiles measured no
+// gain that held (T = 256: INT4 0.995 / 0.994x, FP8 1.004 / 1.006x, Q4_K 0.945 / 0.999x with one
+// order's first layer slow) and keep prefetcht1, as every tile does on other CPUs: a Zen 4 VM's
+// 6-row blocks over 4-vector strips ran about 1.35x slower with prefetcht0 (2026-11-27).
 bool prefill_share_l1(const KernelKey& key, bool zen5) {
-  return zen5 && int8_rows2v(key);
+  return zen5 && rows2v_kernel(key);
 }
 bool prefill_share_l1(const KernelKey& key) {
   return prefill_share_l1(key, zen5_cpu());
@@ -1011,7 +1012,7 @@ class GemmGenerator : public JitGenerator {
   int pf_slot_ = 0;
   void pf_var_site() {
     for (int i = 0; i < pf_var_lines(); ++i) {
-      if (prefill_share_l1(key_))  // (a Zen 5's int8 12-row tiles)
+      if (prefill_share_l1(key_))  // (a Zen 5's 12-row tiles)
         prefetcht0(ptr[reg_pf + i * 64]);
       else
         prefetcht1(ptr[reg_pf + i * 64]);

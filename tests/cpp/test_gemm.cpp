@@ -705,9 +705,9 @@ TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
 // 13- and 14-row calls ask for the whole strip) also read ahead (prefill_read_ahead_bytes, a Zen
 // 5), the lines asked for must be exactly the prefixes and the read-ahead's: each strip from that
 // many bytes on, and past the last strip that many bytes.
-// Which prefill tiles ask for their shares of the next strip into L1: the int8 12-row tiles over
-// 2-vector strips, on a Zen 5 only (jit/x64/gemm.cpp prefill_share_l1).
-TEST(Gemm, PrefillSharesGoToL1OnlyForAZen5sInt8TwelveRowTiles) {
+// Which prefill tiles ask for their shares of the next strip into L1: the int8 and BF16 pair
+// 12-row tiles over 2-vector strips, on a Zen 5 only (jit/x64/gemm.cpp prefill_share_l1).
+TEST(Gemm, PrefillSharesGoToL1OnlyForAZen5sTwelveRowTiles) {
   auto key = [](WeightFormat fmt, int m_r, int sv, IsaLevel isa) {
     KernelKey k = key_for(isa, KernelKind::gemm_prefill, m_r, sv, Epilogue::store, fmt);
     if (fmt == WeightFormat::bf16) k.variant = kBf16Pairs;
@@ -719,7 +719,9 @@ TEST(Gemm, PrefillSharesGoToL1OnlyForAZen5sInt8TwelveRowTiles) {
   EXPECT_FALSE(x64::prefill_share_l1(key(WeightFormat::int8, 6, 4, b), true));
   EXPECT_FALSE(x64::prefill_share_l1(key(WeightFormat::int8, 6, 4, IsaLevel::avx512_vnni), true));
   EXPECT_FALSE(x64::prefill_share_l1(key(WeightFormat::int4, 6, 4, b), true));
-  EXPECT_FALSE(x64::prefill_share_l1(key(WeightFormat::bf16, 12, 2, b), true));
+  EXPECT_TRUE(x64::prefill_share_l1(key(WeightFormat::bf16, 12, 2, b), true));
+  EXPECT_FALSE(x64::prefill_share_l1(key(WeightFormat::bf16, 12, 2, b), false));
+  EXPECT_FALSE(x64::prefill_share_l1(key(WeightFormat::bf16, 6, 4, b), true));
 }
 
 TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
@@ -804,8 +806,9 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
             << key.name() << " " << rows << " rows: asked for more than its prefix";
       }
       // Every ask into the weights here is a share of the next strip: into L1 (prefetcht0) where
-      // x64::prefill_share_l1 says so for calls of fewer than 4 blocks (48 rows; from there the
-      // first blocks take the strip, into L2), else into L2 (prefetcht1).
+      // x64::prefill_share_l1 says so (int8: for calls of fewer than 4 blocks, 48 rows; from
+      // there its first blocks take the strip, into L2; the BF16 pairs take shares at any rows),
+      // else into L2 (prefetcht1).
       std::map<int, int64_t> hints;
       test::EmuOptions opt;
       const uint64_t w0 = reinterpret_cast<uint64_t>(args.w), w1 = w0 + w.size();
@@ -813,7 +816,7 @@ TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
       const Kernel* k = KernelCache::instance().get(key);
       ASSERT_NE(k, nullptr) << key.name();
       test::emulate_x64(k->code.data(), k->code.size(), &args, opt);
-      const int want = x64::prefill_share_l1(key) && rows < 48 ? 0 : 1;
+      const int want = x64::prefill_share_l1(key) && (bf16 || rows < 48) ? 0 : 1;
       for (const auto& [hint, n] : hints)
         if (hint != want)
           EXPECT_EQ(n, 0) << key.name() << " " << rows << " rows: weight lines asked with hint "
