@@ -689,22 +689,6 @@ TEST(Gemm, GeneratesForLevelsThisCpuLacks) {
 }
 
 #if !defined(__aarch64__)
-// The prefill kernels whose tiles prefetch their rows' shares of the next strip (jit/x64/gemm.cpp
-// pf_var_: int8 and int4 at the VNNI levels, the vdpbf16ps pair tiles) ask for every line of it,
-// for the row counts the executor gives them (prefill_split), blocks or none: a call over strips
-// 0-1 runs in the interpreter, which logs each prefetch, and the lines of strips 1 and 2 (the bytes
-// after the call's last strip) must all be among them, and no prefetch of the weights outside them
-// (but for the last sites' reach, 8 lines, and on a Zen 5 the 4 / 512 of them its pointer runs
-// ahead: kPrefillWholeSiteBytesZen5; the next strip's scales are prefetched from their arrays). A
-// speed property checked as a fact: a line left out is a demand miss to DRAM, a line asked for from
-// too far away a line fetched for nothing. A call of fewer rows than S = prefill_stream_rows(key)
-// (13 on a Zen 5, 7 for int4 there; elsewhere 0, the whole strip at any row count) asks for the
-// first rows / S of each strip, 512 * rows / S bytes of every 512 (prefill_site_bytes), and leaves
-// the rest to the hardware prefetcher: those prefixes must be covered, and the rest left alone.
-// Where calls of fewer than prefill_read_ahead_rows() rows (S for BF16 pairs, S + 2 for int8, whose
-// 13- and 14-row calls ask for the whole strip) also read ahead (prefill_read_ahead_bytes, a Zen
-// 5), the lines asked for must be exactly the prefixes and the read-ahead's: each strip from that
-// many bytes on, and past the last strip that many bytes.
 // Which prefill tiles ask for their shares of the next strip into L1: the int8 and BF16 pair
 // 12-row tiles over 2-vector strips, on a Zen 5 only (jit/x64/gemm.cpp prefill_share_l1).
 TEST(Gemm, PrefillSharesGoToL1OnlyForAZen5sTwelveRowTiles) {
@@ -724,6 +708,23 @@ TEST(Gemm, PrefillSharesGoToL1OnlyForAZen5sTwelveRowTiles) {
   EXPECT_FALSE(x64::prefill_share_l1(key(WeightFormat::bf16, 6, 4, b), true));
 }
 
+// The prefill kernels whose tiles prefetch their rows' shares of the next strip (jit/x64/gemm.cpp
+// pf_var_: int8 and int4 at the VNNI levels, the vdpbf16ps pair tiles) ask for every line of it,
+// for the row counts the executor gives them (prefill_split), blocks or none: a call over strips
+// 0-1 runs in the interpreter, which logs each prefetch, and the lines of strips 1 and 2 (the bytes
+// after the call's last strip) must all be among them, and no prefetch of the weights outside them
+// (but for the last sites' reach, 8 lines, and on a Zen 5 the 4 / 512 of them its pointer runs
+// ahead: kPrefillWholeSiteBytesZen5; the next strip's scales are prefetched from their arrays). A
+// speed property checked as a fact: a line left out is a demand miss to DRAM, a line asked for from
+// too far away a line fetched for nothing. A call of fewer rows than S = prefill_stream_rows(key)
+// (13 on a Zen 5, 7 for int4 there; elsewhere 0, the whole strip at any row count) asks for the
+// first rows / S of each strip, 512 * rows / S bytes of every 512 (prefill_site_bytes), and leaves
+// the rest to the hardware prefetcher: those prefixes must be covered, and the rest left alone.
+// Where calls of fewer than prefill_read_ahead_rows() rows (S for BF16 pairs, S + 2 for int8, whose
+// 13- and 14-row calls ask for the whole strip) also read ahead (prefill_read_ahead_bytes, a Zen
+// 5), the lines asked for must be exactly the prefixes and the read-ahead's: each strip from that
+// many bytes on, and past the last strip that many bytes. In the calls without the read-ahead each
+// ask also carries the hint x64::prefill_share_l1 names (a Zen 5's 12-row tiles: prefetcht0).
 TEST(Gemm, PrefillPrefetchCoversTheNextStrip) {
   const int64_t N = 3 * 64, K = 256;  // three full 64-column strips
   // (the 6-row tiles over 4-vector strips, and the 12-row ones over 2-vector strips of int8
